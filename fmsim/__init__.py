@@ -1,0 +1,27 @@
+"""fmsim: capacity-planning simulator for foundation-model work on AWS.
+
+The facade (DESIGN.md "Python API"): ``load_scenario``, ``simulate``, ``estimate``. Imports are
+lazy so that ``import fmsim`` stays cheap for the CLI.
+"""
+from __future__ import annotations
+
+from .errors import (ConfigError, FmsimError, InfeasibleError, NotBuiltError, OutOfMemoryError,
+                     ParallelismError)
+
+__version__ = "0.1.0"
+
+__all__ = ["load_scenario", "simulate", "estimate", "load_catalog", "FmsimError", "ConfigError",
+           "InfeasibleError", "OutOfMemoryError", "ParallelismError", "NotBuiltError", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "load_scenario":
+        from .scenario import load_scenario
+        return load_scenario
+    if name in ("simulate", "estimate"):
+        from . import simulate as _sim
+        return getattr(_sim, name)
+    if name == "load_catalog":
+        from .catalog import load_catalog
+        return load_catalog
+    raise AttributeError(f"module 'fmsim' has no attribute {name!r}")
