@@ -19,8 +19,8 @@ def __getattr__(name: str):
         from .scenario import load_scenario
         return load_scenario
     if name in ("simulate", "estimate"):
-        from . import simulate as _sim
-        return getattr(_sim, name)
+        from . import api
+        return getattr(api, name)
     if name == "load_catalog":
         from .catalog import load_catalog
         return load_catalog

@@ -4,6 +4,19 @@ Owns reading ``hardware_catalog/*.yaml`` and ``model_catalog/*.yaml`` (found in 
 after ``pip install .``, inside the package as ``fmsim/data/``), converting every quantity to SI
 once, and refusing entries without a ``source:`` or prices without a date. The schema of each
 file is documented in ``hardware_catalog/README.md``.
+
+Entries of the sections this module types (``accelerators``, ``instances``, ``prices``, ``storage``,
+``ultracluster``) are checked for unknown keys, with a "did you mean"; ``fabrics`` and ``links``
+are read for the fields below and otherwise left to their owners. Every other top-level section is
+kept, untyped, in :attr:`Catalog.extra`.
+
+Conventions the loader enforces or documents:
+
+* scale-up and network bandwidths are per device (per NIC), **per direction**;
+* a price is USD per hour of **one node** (one instance of the entry), also for UltraServers, whose
+  unit price is ``nodes_per_unit`` times that; reference systems (``provider: reference``) have none;
+* an instance's scale-up bandwidth is, in order: its own ``scale_up.bandwidth``, else the
+  accelerator's ``scale_up_bandwidth``, else the link's ``bandwidth``.
 """
 from __future__ import annotations
 
@@ -21,6 +34,10 @@ from .units import parse_bytes, parse_flop_rate, parse_rate, parse_time
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 PRICING_OPTIONS = ("on-demand", "capacity-block", "savings-plan-1yr", "savings-plan-3yr")
+PROVIDERS = ("aws", "reference")
+SCALE_UP_KINDS = ("nvswitch", "nvl-domain", "neuronlink", "pcie")
+TOPOLOGIES = ("crossbar", "torus2d", "ring")
+STORAGE_KINDS = ("fsx-lustre", "s3", "s3-express", "mountpoint-s3")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -64,7 +81,9 @@ class Accelerator:
     gemm_efficiency: Mapping[str, float]          # achievable fraction of peak for large GEMMs, per precision
     hbm_efficiency: float                         # achievable fraction of HBM bandwidth (streaming)
     source: str
-    calibration: str = ""
+    calibration: str = ""                         # where the efficiency figures come from
+    memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
+    max_power_w: float | None = None              # board power limit, if published
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s in ``precision``; raises if the chip has no such math."""
@@ -92,6 +111,11 @@ class ScaleUp:
     in_switch_reduction: bool = False   # NVLS / SHARP-like reduction in the switch
     efficiency: float = 0.8        # achievable fraction of bytes_per_s in collectives
     source: str = ""
+    # A domain that spans several nodes with slower links between them (Trn2 UltraServer: 4x4 torus
+    # inside each instance, a ring of same-position chips across the 4 instances). 0 / "" = the
+    # domain is uniform (NVL72's NVSwitch trays give every GPU the same bandwidth to every other).
+    cross_node_bytes_per_s: float = 0.0   # per device, per direction, on the links leaving the node
+    cross_node_topology: str = ""         # topology of those links (ring)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,7 +133,11 @@ class Fabric:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Price:
-    """One price of one instance type under one purchase option, with its date."""
+    """One price of one instance type under one purchase option, with its date.
+
+    ``usd_per_hour`` is per node (one instance of the catalog entry); an UltraServer unit costs
+    ``nodes_per_unit`` times as much.
+    """
 
     option: str
     usd_per_hour: float
@@ -137,19 +165,31 @@ class Instance:
     source: str
     nodes_per_unit: int = 1        # UltraServer: nodes sold together as one unit
     notes: str = ""
+    ebs_bytes_per_s: float = 0.0   # EBS bandwidth of one node, if published
+    ena_bytes_per_s: float = 0.0   # dedicated ENA bandwidth besides the EFA NICs (p6-b300: storage/S3)
 
     @property
     def scale_out_bytes_per_s(self) -> float:
         """Scale-out line rate of one node, per direction."""
         return self.num_nics * self.nic_bytes_per_s
 
+    @property
+    def accelerators_per_unit(self) -> int:
+        """Accelerators in one purchasable unit (72 for ``u-p6e-gb200x72``, 8 for ``p5.48xlarge``)."""
+        return self.num_accelerators * self.nodes_per_unit
+
+    @property
+    def is_reference(self) -> bool:
+        """True for the reference systems of published measurements (DGX ...), which have no price."""
+        return self.provider == "reference"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StorageTier:
-    """A storage offering: FSx for Lustre deployment type or S3 class."""
+    """A storage offering: FSx for Lustre deployment type x throughput tier, or an S3 class/client."""
 
     name: str
-    kind: str                              # fsx-lustre | s3
+    kind: str                              # fsx-lustre | s3 | s3-express | mountpoint-s3
     throughput_per_tib_bytes_per_s: float  # baseline, per TiB of capacity (0 for S3)
     burst_per_tib_bytes_per_s: float
     per_client_bytes_per_s: float          # limit of one client (ENA), or instance-to-S3
@@ -158,6 +198,12 @@ class StorageTier:
     price_date: str
     source: str
     notes: str = ""
+    deployment: str = ""                   # scratch-1 | scratch-2 | persistent-1 | persistent-2 | ...
+    media: str = ""                        # ssd | hdd (FSx)
+    network_per_tib_bytes_per_s: float = 0.0     # FSx network (cache) baseline per TiB, above the disk tier
+    disk_burst_per_tib_bytes_per_s: float = 0.0  # FSx disk burst per TiB
+    get_requests_per_s: float = 0.0        # S3: per partitioned prefix; Express: per directory bucket
+    put_requests_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +246,40 @@ class Catalog:
         rows = [p for p in self.prices.get(instance, ()) if p.option == option]
         if not rows:
             return None
-        return max(rows, key=lambda p: p.date)
+        return max(rows, key=lambda p: _date_key(p.date))
+
+    def storage_tiers(self, kind: str, deployment: str | None = None) -> tuple[StorageTier, ...]:
+        """The storage tiers of one ``kind`` (and ``deployment``), by ascending baseline throughput."""
+        rows = [t for t in self.storage.values()
+                if t.kind == kind and (deployment is None or t.deployment == deployment)]
+        if not rows:
+            known = sorted({f"{t.kind}/{t.deployment}" if t.deployment else t.kind
+                            for t in self.storage.values()})
+            want = f"{kind}/{deployment}" if deployment else kind
+            raise ConfigError(f"no storage tier {want!r}{suggest(want, known)}")
+        return tuple(sorted(rows, key=lambda t: (t.throughput_per_tib_bytes_per_s, t.name)))
+
+    def ultracluster_for(self, instance: str) -> Mapping[str, Any]:
+        """UltraCluster parameters for ``instance``: its own entry merged over ``default``.
+
+        Keys: ``rail_optimized`` (bool), ``oversubscription`` (>= 1), ``max_accelerators`` (int or
+        None), ``network_levels``, ``source`` ... as written in ``hardware_catalog/instances.yaml``.
+        """
+        table = self.extra.get("ultracluster", {})
+        out: dict[str, Any] = dict(table.get("default", {}))
+        sources = [out["source"]] if "source" in out else []
+        for name, body in table.items():
+            if name != "default" and instance in body.get("instances", ()):
+                out.update(body)
+                sources.append(body["source"])
+        if sources:
+            out["source"] = "; ".join(sources)
+        return out
+
+
+def _date_key(date: str) -> _dt.date:
+    """Sort key of a catalog date (``YYYY-MM`` counts as the first of the month)."""
+    return _dt.date.fromisoformat(date[:10] if len(date) >= 10 else date + "-01")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,6 +327,12 @@ class _Entry:
         value = self.get(key, default)
         return _Entry(value, self.file, f"{self.where}.{key}")
 
+    def check_unknown(self) -> None:
+        """Refuse keys nobody read (typos), naming the closest known key."""
+        for key in self.data:
+            if key not in self.used:
+                raise self.err(str(key), f"unknown key{suggest(str(key), sorted(self.used))}")
+
     def source(self) -> str:
         src = self.get("source")
         if isinstance(src, list):
@@ -277,10 +362,41 @@ def _date(v: Any) -> str:
     return s
 
 
+def _choice(options: tuple[str, ...]):
+    """A parser that accepts one of ``options`` (as a string) and names them on a miss."""
+    def parse(v: Any) -> str:
+        s = str(v)
+        if s not in options:
+            raise ValueError(f"{s!r} is not a known value{suggest(s, options)}")
+        return s
+    return parse
+
+
+def _positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{v!r} is not a positive whole number")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{v!r} is not true or false")
+    return v
+
+
+def _usd(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"{v!r} is not a positive amount of US dollars")
+    return float(v)
+
+
 def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     peaks_e = e.sub("peak")
     peaks = {p: peaks_e.get(p, None, parse_flop_rate) for p in PRECISIONS}
     peaks = {p: v for p, v in peaks.items() if v}
+    peaks_e.check_unknown()
+    if not peaks:
+        raise e.err("peak", f"needs at least one of {', '.join(PRECISIONS)}")
     eff_e = e.sub("efficiency")
     gemm_raw = eff_e.get("gemm")
     if isinstance(gemm_raw, Mapping) and "value" not in gemm_raw:
@@ -288,13 +404,20 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         for k, v in gemm_raw.items():
             if k in ("source", "note"):
                 continue
+            if k not in PRECISIONS:
+                raise eff_e.err(f"gemm.{k}", f"unknown precision{suggest(str(k), PRECISIONS)}")
+            if k not in peaks:
+                raise eff_e.err(f"gemm.{k}", f"{name} has no {k} peak to take a fraction of")
             try:
                 gemm[k] = _fraction(v)
             except (TypeError, ValueError) as exc:
                 raise eff_e.err(f"gemm.{k}", str(exc)) from None
     else:
         gemm = {"bf16": eff_e.get("gemm", parse=_fraction)}
-    return Accelerator(
+    hbm_eff = eff_e.get("hbm", parse=_fraction)
+    calibration = str(eff_e.get("source", ""))
+    eff_e.check_unknown()
+    acc = Accelerator(
         name=name,
         vendor=str(e.get("vendor", "")),
         peak_flop_per_s=peaks,
@@ -302,10 +425,15 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         hbm_bytes_per_s=e.get("hbm_bandwidth", parse=parse_rate),
         scale_up_bytes_per_s=e.get("scale_up_bandwidth", 0.0, parse_rate),
         gemm_efficiency=gemm,
-        hbm_efficiency=eff_e.get("hbm", parse=_fraction),
+        hbm_efficiency=hbm_eff,
         source=e.source(),
-        calibration=str(eff_e.get("source", "")),
+        calibration=calibration,
+        memory_type=str(e.get("memory_type", "")),
+        max_power_w=e.get("max_power_w", None, float),
     )
+    e.get("notes", "")
+    e.check_unknown()
+    return acc
 
 
 def _load_fabric(name: str, e: _Entry) -> Fabric:
@@ -336,45 +464,69 @@ def _load_instance(name: str, e: _Entry, accels: Mapping[str, Accelerator],
     acc_name = e.get("accelerator")
     if acc_name not in accels:
         raise e.err("accelerator", f"unknown accelerator {acc_name!r}{suggest(str(acc_name), list(accels))}")
+    acc = accels[acc_name]
     su = e.sub("scale_up")
     net = e.sub("network")
     fab_name = net.get("fabric")
     if fab_name not in fabrics:
         raise net.err("fabric", f"unknown fabric {fab_name!r}{suggest(str(fab_name), list(fabrics))}")
-    n_acc = int(e.get("accelerators"))
+    n_acc = e.get("accelerators", parse=_positive_int)
     link_name = su.get("link")
     if link_name not in links:
         raise su.err("link", f"unknown link {link_name!r}{suggest(str(link_name), list(links))}")
     link = links[link_name]
-    bw = su.get("bandwidth", link["bytes_per_s"] or accels[acc_name].scale_up_bytes_per_s, parse_rate)
+    # The accelerator knows how many links it has, so its per-device figure wins over a per-link one.
+    bw = su.get("bandwidth", acc.scale_up_bytes_per_s or link["bytes_per_s"], parse_rate)
     if not bw:
-        raise su.err("bandwidth", "is required (per device, per direction) when the link has none")
+        raise su.err("bandwidth", "is required (per device, per direction) when neither the accelerator "
+                                  "nor the link has one")
+    domain = su.get("domain", n_acc, _positive_int)
+    if domain % n_acc and n_acc % domain:
+        raise su.err("domain", f"{domain} devices neither divide nor are a multiple of the node's {n_acc}")
+    cross_bw = su.get("cross_node_bandwidth", 0.0, parse_rate)
+    cross_topo = su.get("cross_node_topology", "ring" if cross_bw else "", _choice(TOPOLOGIES))
+    if cross_topo and not cross_bw:
+        raise su.err("cross_node_topology", "needs cross_node_bandwidth (per device, per direction)")
+    if cross_bw and domain <= n_acc:
+        raise su.err("cross_node_bandwidth", f"needs a domain larger than one node ({domain} <= {n_acc})")
     scale_up = ScaleUp(
-        kind=str(su.get("kind")),
-        domain_size=int(su.get("domain", n_acc)),
+        kind=su.get("kind", parse=_choice(SCALE_UP_KINDS)),
+        domain_size=domain,
         bytes_per_s=bw,
         latency_s=su.get("latency", link["latency_s"], parse_time),
-        topology=str(su.get("topology", "crossbar")),
-        in_switch_reduction=bool(su.get("in_switch_reduction", link["in_switch_reduction"])),
+        topology=su.get("topology", "crossbar", _choice(TOPOLOGIES)),
+        in_switch_reduction=su.get("in_switch_reduction", link["in_switch_reduction"], _bool),
         efficiency=su.get("efficiency", link["efficiency"], _fraction),
         source=str(su.get("source", link["source"])),
+        cross_node_bytes_per_s=cross_bw,
+        cross_node_topology=cross_topo,
     )
-    return Instance(
+    su.get("notes", "")
+    su.check_unknown()
+    num_nics = net.get("nics", parse=_positive_int)
+    nic_bw = net.get("nic_bandwidth", fabrics[fab_name].nic_bytes_per_s, parse_rate)
+    net.get("notes", "")
+    net.check_unknown()
+    inst = Instance(
         name=name,
-        provider=str(e.get("provider", "aws")),
-        accelerator=accels[acc_name],
+        provider=e.get("provider", "aws", _choice(PROVIDERS)),
+        accelerator=acc,
         num_accelerators=n_acc,
         scale_up=scale_up,
         fabric=fabrics[fab_name],
-        num_nics=int(net.get("nics")),
-        nic_bytes_per_s=net.get("nic_bandwidth", fabrics[fab_name].nic_bytes_per_s, parse_rate),
+        num_nics=num_nics,
+        nic_bytes_per_s=nic_bw,
         host_memory_bytes=e.get("host_memory", 0.0, parse_bytes),
         local_nvme_bytes=e.get("local_nvme", 0.0, parse_bytes),
         num_vcpus=int(e.get("vcpus", 0)),
-        nodes_per_unit=int(e.get("nodes_per_unit", 1)),
+        nodes_per_unit=e.get("nodes_per_unit", 1, _positive_int),
         notes=str(e.get("notes", "")),
+        ebs_bytes_per_s=e.get("ebs_bandwidth", 0.0, parse_rate),
+        ena_bytes_per_s=e.get("ena_bandwidth", 0.0, parse_rate),
         source=e.source(),
     )
+    e.check_unknown()
+    return inst
 
 
 def _load_prices(instance: str, e: _Entry) -> tuple[Price, ...]:
@@ -386,32 +538,61 @@ def _load_prices(instance: str, e: _Entry) -> tuple[Price, ...]:
             raise e.err(str(option), f"unknown pricing option{suggest(str(option), PRICING_OPTIONS)}")
         if not isinstance(rows, list):
             rows = [rows]
+        if not rows:
+            raise e.err(str(option), "is empty (leave the option out when no sourced figure exists)")
         for i, row in enumerate(rows):
             r = _Entry(row, e.file, f"{e.where}.{option}[{i}]")
             out.append(Price(
                 option=option,
-                usd_per_hour=float(r.get("usd_per_hour")),
+                usd_per_hour=r.get("usd_per_hour", parse=_usd),
                 date=r.get("date", parse=_date),
                 region=str(r.get("region", "us-east-1")),
                 note=str(r.get("note", "")),
                 source=r.source(),
             ))
+            r.check_unknown()
     return tuple(out)
 
 
 def _load_storage(name: str, e: _Entry) -> StorageTier:
-    return StorageTier(
+    usd = e.get("usd_per_gb_month", None, float)
+    tier = StorageTier(
         name=name,
-        kind=str(e.get("kind")),
+        kind=e.get("kind", parse=_choice(STORAGE_KINDS)),
+        deployment=str(e.get("deployment", "")),
+        media=str(e.get("media", "")),
         throughput_per_tib_bytes_per_s=e.get("throughput_per_tib", 0.0, parse_rate),
         burst_per_tib_bytes_per_s=e.get("burst_per_tib", 0.0, parse_rate),
+        network_per_tib_bytes_per_s=e.get("network_per_tib", 0.0, parse_rate),
+        disk_burst_per_tib_bytes_per_s=e.get("disk_burst_per_tib", 0.0, parse_rate),
         per_client_bytes_per_s=e.get("per_client", 0.0, parse_rate),
         per_client_efa_bytes_per_s=e.get("per_client_efa", 0.0, parse_rate),
-        usd_per_gb_month=e.get("usd_per_gb_month", None, float),
-        price_date=e.get("price_date", "", _date),
+        get_requests_per_s=e.get("get_requests_per_s", 0.0, float),
+        put_requests_per_s=e.get("put_requests_per_s", 0.0, float),
+        usd_per_gb_month=usd,
+        price_date=e.get("price_date", "" if usd is None else dataclasses.MISSING, _date),
         notes=str(e.get("notes", "")),
         source=e.source(),
     )
+    e.check_unknown()
+    return tier
+
+
+def _check_ultracluster(name: str, e: _Entry, instances: Mapping[str, Instance]) -> Mapping[str, Any]:
+    """Validate one ``ultracluster:`` entry; return its data unchanged (kept in ``Catalog.extra``)."""
+    e.get("rail_optimized", None, _bool)
+    over = e.get("oversubscription", None, float)
+    if over is not None and over < 1.0:
+        raise e.err("oversubscription", f"{over} is below 1 (1.0 = non-blocking)")
+    e.get("max_accelerators", None, _positive_int)
+    e.get("network_levels", None, _positive_int)
+    for i, inst in enumerate(e.get("instances", [])):
+        if inst not in instances:
+            raise e.err(f"instances[{i}]", f"unknown instance {inst!r}{suggest(str(inst), list(instances))}")
+    e.get("notes", "")
+    e.source()
+    e.check_unknown()
+    return e.data
 
 
 def _sections(directory: Path) -> dict[str, list[tuple[Path, Mapping[str, Any]]]]:
@@ -433,7 +614,8 @@ def _entries(sections: Mapping[str, list[tuple[Path, Mapping[str, Any]]]], name:
     for path, body in sections.get(name, []):
         for key, value in body.items():
             if key in seen:
-                raise ConfigError(f"duplicate entry (also in {seen[key]})", file=str(path), field=f"{name}.{key}")
+                raise ConfigError(f"duplicate entry (also in {seen[key]})", file=str(path),
+                                  field=f"{name}.{key}")
             seen[key] = path
             yield str(key), _Entry(value, path, f"{name}.{key}")
 
@@ -452,10 +634,16 @@ def load_catalog(root: str | None = None) -> Catalog:
         if n not in instances:
             raise ConfigError(f"price for unknown instance{suggest(n, list(instances))}",
                               file=str(e.file), field=e.where)
+        if instances[n].is_reference:
+            raise ConfigError("reference systems (provider: reference) carry no price",
+                              file=str(e.file), field=e.where)
         prices[n] = _load_prices(n, e)
     storage = {n: _load_storage(n, e) for n, e in _entries(hw, "storage")}
-    extra = {k: {name: e.data for name, e in _entries(hw, k)} for k in hw
-             if k not in ("accelerators", "fabrics", "links", "instances", "prices", "storage")}
+    extra: dict[str, Any] = {"ultracluster": {n: _check_ultracluster(n, e, instances)
+                                              for n, e in _entries(hw, "ultracluster")}}
+    extra.update({k: {name: e.data for name, e in _entries(hw, k)} for k in hw
+                  if k not in ("accelerators", "fabrics", "links", "instances", "prices", "storage",
+                               "ultracluster")})
 
     from .model.architecture import model_from_mapping  # pure data; no import cycle at runtime
 

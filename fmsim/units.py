@@ -13,20 +13,21 @@ This module turns the strings users and catalogs write (``"80 GiB"``, ``"3200 Gb
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 from .errors import UnitError
 
 __all__ = [
+    "DIMENSIONS",
+    "format_quantity",
     "parse_bytes",
+    "parse_count",
+    "parse_flop_rate",
+    "parse_flops",
+    "parse_quantity",
     "parse_rate",
     "parse_time",
-    "parse_count",
-    "parse_flops",
-    "parse_flop_rate",
-    "parse_quantity",
-    "format_quantity",
-    "DIMENSIONS",
 ]
 
 _DEC = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
@@ -46,7 +47,7 @@ _TIME = {
 def _split(text: object, dimension: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise UnitError(f"expected a {dimension}, got a boolean {text!r}")
-    if isinstance(text, (int, float)):
+    if isinstance(text, numbers.Real):          # int, float, numpy scalars
         if not math.isfinite(float(text)):
             raise UnitError(f"expected a finite {dimension}, got {text!r}")
         return float(text), ""
@@ -55,7 +56,10 @@ def _split(text: object, dimension: str) -> tuple[float, str]:
     m = _QTY.match(text)
     if not m:
         raise UnitError(f"cannot read {text!r} as a {dimension}")
-    return float(m.group(1).replace("_", "")), m.group(2)
+    value = float(m.group(1).replace("_", ""))
+    if not math.isfinite(value):                # "1e999 GB" overflows to inf
+        raise UnitError(f"expected a finite {dimension}, got {text!r}")
+    return value, m.group(2)
 
 
 def _prefix(prefix: str, text: str, dimension: str) -> float:
@@ -101,7 +105,8 @@ def parse_time(text: object) -> float:
 
 
 def parse_count(text: object) -> float:
-    """A plain count with an optional decimal suffix: ``"15T"`` tokens, ``"16M"``, ``"2k"``."""
+    """A plain count with an optional suffix: ``"15T"`` tokens, ``"16M"``, ``"2k"`` (decimal) or
+    ``"16Mi"``, ``"4Ki"`` (binary: 2^24, 4096)."""
     value, unit = _split(text, "count")
     if unit in ("", "x"):
         return value
@@ -109,7 +114,9 @@ def parse_count(text: object) -> float:
         return value * 1e9
     if unit in _DEC:
         return value * _DEC[unit]
-    raise UnitError(f"cannot read {text!r} as a count (expected e.g. '16M', '15T', '2048')")
+    if unit in _BIN:
+        return value * _BIN[unit]
+    raise UnitError(f"cannot read {text!r} as a count (expected e.g. '16M', '15T', '4Ki', '2048')")
 
 
 def parse_flops(text: object) -> float:
@@ -157,6 +164,8 @@ def format_quantity(value: float, dimension: str, digits: int = 3) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if dimension == "s":
+        if value == 0:
+            return "0 s"
         a = abs(value)
         for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3),
                             ("us", 1e-6), ("ns", 1e-9)):

@@ -1,25 +1,34 @@
 """Model architectures: the frozen :class:`ModelSpec` and its parameter counts.
 
 Owns the keys of a ``model_catalog/`` entry and of an inline ``workload.model`` mapping (they are
-the same), their validation, and parameter counting from the architecture (embedding, attention
-of each kind, dense MLP, MoE experts). Pure data: imported by the data layer to validate scenarios.
+the same, documented in ``model_catalog/README.md``), their validation, and parameter counting from
+the architecture: token and learned position embeddings, attention of each kind (MHA, GQA, MQA,
+DeepSeek's multi-head latent attention), dense MLPs (GELU/ReLU/squared-ReLU with two matrices,
+SwiGLU/GeGLU with three), MoE layers (routed and shared experts, router, leading dense layers),
+norms and biases, and DeepSeek-V3's multi-token-prediction (MTP) modules, which published totals
+leave out. Pure data: imported by the data layer to validate scenarios.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError
 
 ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu2", "relu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
 ATTENTION_KINDS = ("mha", "gqa", "mla", "mqa")
+NORMS = ("layernorm", "rmsnorm")
+POSITION_EMBEDDINGS = ("rope", "learned", "alibi", "none")
 MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "activation",
               "vocab", "tied_embeddings", "attention", "moe", "source", "params", "active_params",
-              "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers")
+              "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers", "position_embedding")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
             "dense_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor", "layer_freq")
+
+_Err = Callable[[str, str], ConfigError]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +59,11 @@ class MoESpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer, as the catalog and scenario files describe it."""
+    """A decoder-only transformer, as the catalog and scenario files describe it.
+
+    ``num_params`` / ``num_active_params`` count what published totals count: embeddings, every
+    layer, final norm; MTP modules excluded (``param_counts(include_mtp=True)`` adds them).
+    """
 
     name: str
     layers: int
@@ -65,7 +78,11 @@ class ModelSpec:
     attention: str = "mha"
     mla: MLASpec | None = None
     moe: MoESpec | None = None
-    bias: bool = False
+    bias: bool = False                  # biases on every linear layer (GPT-2/3, OPT, BLOOM)
+    norm: str = "rmsnorm"               # layernorm (weight + bias) | rmsnorm (weight)
+    position_embedding: str = "rope"    # rope | learned | alibi | none
+    max_seq_len: int = 0                # rows of a learned position table; 0 = not stated
+    mtp_layers: int = 0                 # DeepSeek-V3 multi-token-prediction depth
     source: str = ""
     published_params: float | None = None          # total, as the source states it
     published_active_params: float | None = None
@@ -73,7 +90,7 @@ class ModelSpec:
     # -- structure -------------------------------------------------------------------------
     @property
     def gated(self) -> bool:
-        return self.activation in ("swiglu", "geglu")
+        return self.activation in GATED_ACTIVATIONS
 
     def is_moe_layer(self, i: int) -> bool:
         """Whether layer ``i`` (0-based) has an MoE MLP."""
@@ -86,10 +103,17 @@ class ModelSpec:
         return sum(self.is_moe_layer(i) for i in range(self.layers))
 
     # -- parameter counts -------------------------------------------------------------------
+    def norm_params(self) -> int:
+        """Weights of one norm over ``hidden``: LayerNorm has a gain and a bias, RMSNorm a gain."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
     def attention_params(self) -> int:
         """Weights of one attention block (projections; biases if ``bias``)."""
         h = self.hidden
         if self.attention == "mla":
+            # DeepSeek-V2 (arXiv 2405.04434) §2.1.2 eqs. 9-12 and 37: queries and keys/values are
+            # down-projected to a latent (with an RMSNorm on it), then up-projected per head; the
+            # decoupled RoPE key (qk_rope_dim) is shared by all heads and comes from the input.
             m = self.mla
             assert m is not None
             qk = m.qk_nope_dim + m.qk_rope_dim
@@ -101,6 +125,8 @@ class ModelSpec:
                 + m.kv_lora_rank * self.heads * (m.qk_nope_dim + m.v_head_dim)
             o = self.heads * m.v_head_dim * h
             return q + kv + o
+        # Q, K, V and output projections; GQA/MQA share K/V over heads // kv_heads query heads
+        # (Ainslie et al. 2023, arXiv 2305.13245 §2)
         q = h * self.heads * self.head_dim
         kv = 2 * h * self.kv_heads * self.head_dim
         o = self.heads * self.head_dim * h
@@ -108,14 +134,22 @@ class ModelSpec:
         return q + kv + o + b
 
     def mlp_params(self, ffn: int) -> int:
-        """Weights of one dense MLP of width ``ffn``."""
+        """Weights of one dense MLP of width ``ffn``.
+
+        Two matrices for GELU/ReLU/squared-ReLU (Vaswani et al. 2017; So et al. 2021 for relu2,
+        used by Nemotron-4), three for gated units (Shazeer 2020, arXiv 2002.05202 eq. 6).
+        """
         mats = 3 if self.gated else 2
         b = (ffn * (2 if self.gated else 1) + self.hidden) if self.bias else 0
         return mats * self.hidden * ffn + b
 
+    def router_params(self) -> int:
+        """Weights of one MoE router (a hidden x experts linear layer); 0 for a dense model."""
+        return self.hidden * self.moe.experts if self.moe else 0
+
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active) parameters of layer ``i``, norms included."""
-        norms = 2 * self.hidden * (2 if self.bias else 1)
+        norms = 2 * self.norm_params()
         attn = self.attention_params()
         if not self.is_moe_layer(i):
             ffn = self.moe.dense_ffn_hidden if (self.moe and self.moe.dense_ffn_hidden) else self.ffn_hidden
@@ -123,33 +157,63 @@ class ModelSpec:
             return attn + mlp + norms, attn + mlp + norms
         m = self.moe
         assert m is not None
+        # Fedus et al. 2022 (Switch) / DeepSeekMoE (arXiv 2401.06066) eq. 9: a token runs its top_k
+        # routed experts and every shared expert; all experts are stored.
         expert = self.mlp_params(m.expert_ffn_hidden)
         shared = m.shared_experts * self.mlp_params(m.shared_expert_ffn_hidden or m.expert_ffn_hidden)
-        router = self.hidden * m.experts
-        total = attn + norms + router + shared + m.experts * expert
-        active = attn + norms + router + shared + m.top_k * expert
-        return total, active
+        common = attn + norms + self.router_params() + shared
+        return common + m.experts * expert, common + m.top_k * expert
 
     def embedding_params(self) -> int:
-        """Input embedding plus (untied) output projection."""
-        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        """Input embedding, (untied) output projection and a learned position table if any."""
+        tokens = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        positions = self.max_seq_len * self.hidden if self.position_embedding == "learned" else 0
+        return tokens + positions
 
-    def param_counts(self) -> tuple[int, int]:
-        """(total, active-per-token) parameters, embeddings and final norm included."""
-        total = active = self.embedding_params() + self.hidden
+    def mtp_params(self) -> tuple[int, int]:
+        """(total, active) parameters of the ``mtp_layers`` multi-token-prediction modules.
+
+        DeepSeek-V3 (arXiv 2412.19437) §2.2 eqs. 21-23: each module is one transformer layer (of the
+        kind of the last main layer), a projection of [norm(h); norm(emb)] from 2·hidden to hidden
+        and the two RMSNorms; the embedding and output head are shared with the main model, and a
+        final norm precedes the shared head. Not part of published totals (671B excludes them).
+        """
+        if not self.mtp_layers:
+            return 0, 0
+        t, a = self.layer_params(self.layers - 1)
+        extra = 2 * self.hidden * self.hidden + 3 * self.norm_params()
+        return self.mtp_layers * (t + extra), self.mtp_layers * (a + extra)
+
+    def param_counts(self, *, include_mtp: bool = False) -> tuple[int, int]:
+        """(total, active-per-token) parameters, embeddings and final norm included.
+
+        MTP modules are left out, as published totals leave them out, unless ``include_mtp``.
+        """
+        total = active = self.embedding_params() + self.norm_params()
         for i in range(self.layers):
             t, a = self.layer_params(i)
+            total += t
+            active += a
+        if include_mtp:
+            t, a = self.mtp_params()
             total += t
             active += a
         return total, active
 
     @property
     def num_params(self) -> int:
+        """Total parameters as published totals count them (MTP modules excluded)."""
         return self.param_counts()[0]
 
     @property
     def num_active_params(self) -> int:
+        """Parameters one token runs through (top_k routed + shared experts), embeddings included."""
         return self.param_counts()[1]
+
+    @property
+    def num_mtp_params(self) -> int:
+        """Parameters of the MTP modules (0 without them)."""
+        return self.mtp_params()[0]
 
     def to_mapping(self) -> dict[str, Any]:
         """The catalog/scenario mapping this spec reads back from (round-trips)."""
@@ -157,7 +221,10 @@ class ModelSpec:
             "name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
             "kv_heads": self.kv_heads, "head_dim": self.head_dim, "ffn_hidden": self.ffn_hidden,
             "activation": self.activation, "vocab": self.vocab, "tied_embeddings": self.tied_embeddings,
+            "norm": self.norm, "position_embedding": self.position_embedding,
         }
+        if self.max_seq_len:
+            out["max_seq_len"] = self.max_seq_len
         if self.attention == "mla" and self.mla is not None:
             out["attention"] = {"kind": "mla", **{k: getattr(self.mla, k) for k in MLA_KEYS}}
         else:
@@ -166,6 +233,8 @@ class ModelSpec:
             out["moe"] = {k: getattr(self.moe, k) for k in MOE_KEYS}
         if self.bias:
             out["bias"] = True
+        if self.mtp_layers:
+            out["mtp_layers"] = self.mtp_layers
         if self.source:
             out["source"] = self.source
         if self.published_params:
@@ -175,7 +244,11 @@ class ModelSpec:
         return out
 
 
-def _int(data: Mapping[str, Any], key: str, err, *, default: Any = None, minimum: int = 1) -> int:
+# ----------------------------------------------------------------------------------------------
+# reading
+
+
+def _int(data: Mapping[str, Any], key: str, err: _Err, *, default: Any = None, minimum: int = 1) -> int:
     if key not in data or data[key] is None:
         if default is None:
             raise err(key, "is required")
@@ -191,7 +264,28 @@ def _int(data: Mapping[str, Any], key: str, err, *, default: Any = None, minimum
     return v
 
 
-def _unknown(data: Mapping[str, Any], allowed: tuple[str, ...], err) -> None:
+def _bool(data: Mapping[str, Any], key: str, err: _Err, default: bool) -> bool:
+    v = data.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise err(key, f"{v!r} is not true/false")
+    return v
+
+
+def _choice(data: Mapping[str, Any], key: str, err: _Err, known: tuple[str, ...], default: str,
+            what: str) -> str:
+    from ..catalog import suggest
+
+    v = data.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, str) or v not in known:
+        raise err(key, f"unknown {what} {v!r}{suggest(str(v), known)}")
+    return v
+
+
+def _unknown(data: Mapping[str, Any], allowed: tuple[str, ...], err: _Err) -> None:
     from ..catalog import suggest
 
     for k in data:
@@ -199,12 +293,59 @@ def _unknown(data: Mapping[str, Any], allowed: tuple[str, ...], err) -> None:
             raise err(str(k), f"unknown key{suggest(str(k), allowed)}")
 
 
+def _mla(att: Mapping[str, Any], err: _Err) -> MLASpec:
+    sub = dict(att)
+    kind = sub.pop("kind", "mla")
+    if kind != "mla":
+        raise err("attention.kind",
+                  f"{kind!r}: only mla takes dimensions (write mha/gqa/mqa as a plain string)")
+
+    def aerr(key: str, msg: str) -> ConfigError:
+        return err(f"attention.{key}" if key else "attention", msg)
+
+    _unknown(sub, MLA_KEYS, aerr)
+    return MLASpec(q_lora_rank=_int(sub, "q_lora_rank", aerr, default=0, minimum=0),
+                   kv_lora_rank=_int(sub, "kv_lora_rank", aerr),
+                   qk_nope_dim=_int(sub, "qk_nope_dim", aerr),
+                   qk_rope_dim=_int(sub, "qk_rope_dim", aerr),
+                   v_head_dim=_int(sub, "v_head_dim", aerr))
+
+
+def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
+    def merr(key: str, msg: str) -> ConfigError:
+        return err(f"moe.{key}" if key else "moe", msg)
+
+    if not isinstance(m, Mapping):
+        raise merr("", "expected a mapping {experts, top_k, expert_ffn_hidden, ...}")
+    _unknown(m, MOE_KEYS, merr)
+    experts = _int(m, "experts", merr)
+    top_k = _int(m, "top_k", merr)
+    if top_k > experts:
+        raise merr("top_k", f"{top_k} exceeds {experts} experts")
+    dense_layers = _int(m, "dense_layers", merr, default=0, minimum=0)
+    if dense_layers >= layers:
+        raise merr("dense_layers", f"{dense_layers} leaves no MoE layer among {layers}")
+    cf = m.get("capacity_factor", 0.0) or 0.0
+    if not isinstance(cf, (int, float)) or isinstance(cf, bool) or cf < 0:
+        raise merr("capacity_factor", f"{cf!r} must be a number >= 0 (0 = dropless)")
+    return MoESpec(experts=experts, top_k=top_k,
+                   expert_ffn_hidden=_int(m, "expert_ffn_hidden", merr, default=ffn_hidden),
+                   shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0),
+                   shared_expert_ffn_hidden=_int(m, "shared_expert_ffn_hidden", merr, default=0, minimum=0),
+                   dense_layers=dense_layers,
+                   dense_ffn_hidden=_int(m, "dense_ffn_hidden", merr, default=0, minimum=0),
+                   capacity_factor=float(cf),
+                   layer_freq=_int(m, "layer_freq", merr, default=1))
+
+
 def model_from_mapping(data: Any, *, name: str | None = None, file: str | None = None,
                        where: str = "model", require_source: bool = False) -> ModelSpec:
     """Build and validate a :class:`ModelSpec` from catalog/scenario keys.
 
-    Errors are :class:`ConfigError` located at ``file``/``where.key``.
+    Errors are :class:`ConfigError` located at ``file``/``where.key``
+    (``model_catalog/x.yaml: models.m.kv_heads: 6 does not divide 64 heads``).
     """
+    from ..catalog import suggest
     from ..units import parse_count
 
     def err(key: str, msg: str) -> ConfigError:
@@ -219,86 +360,72 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     layers = _int(data, "layers", err)
     hidden = _int(data, "hidden", err)
     heads = _int(data, "heads", err)
-    kv_heads = _int(data, "kv_heads", err, default=heads)
-    if heads % kv_heads:
-        raise err("kv_heads", f"{kv_heads} does not divide {heads} heads")
-    head_dim = _int(data, "head_dim", err, default=max(1, hidden // heads))
-    activation = str(data.get("activation", "gelu"))
-    if activation not in ACTIVATIONS:
-        from ..catalog import suggest
-        raise err("activation", f"unknown activation {activation!r}{suggest(activation, ACTIVATIONS)}")
-    ffn_hidden = _int(data, "ffn_hidden", err, default=4 * hidden)
-    vocab = _int(data, "vocab", err)
-    tied = data.get("tied_embeddings", False)
-    if not isinstance(tied, bool):
-        raise err("tied_embeddings", f"{tied!r} is not true/false")
-    att = data.get("attention", "gqa" if kv_heads != heads else "mha")
+
+    # attention kind first: it sets the default number of K/V heads
+    att = data.get("attention")
     mla = None
     if isinstance(att, Mapping):
-        sub = dict(att)
-        kind = str(sub.pop("kind", "mla"))
-        if kind != "mla":
-            raise err("attention.kind", "only mla takes dimensions")
-
-        def aerr(key: str, msg: str) -> ConfigError:
-            return err(f"attention.{key}", msg)
-
-        _unknown(sub, MLA_KEYS, aerr)
-        mla = MLASpec(q_lora_rank=_int(sub, "q_lora_rank", aerr, default=0, minimum=0),
-                      kv_lora_rank=_int(sub, "kv_lora_rank", aerr),
-                      qk_nope_dim=_int(sub, "qk_nope_dim", aerr),
-                      qk_rope_dim=_int(sub, "qk_rope_dim", aerr),
-                      v_head_dim=_int(sub, "v_head_dim", aerr))
+        mla = _mla(att, err)
         att = "mla"
-    elif att not in ATTENTION_KINDS:
-        from ..catalog import suggest
+    elif att is not None and att not in ATTENTION_KINDS:
         raise err("attention", f"unknown attention kind {att!r}{suggest(str(att), ATTENTION_KINDS)}")
     elif att == "mla":
-        raise err("attention", "mla needs its dimensions: {kind: mla, kv_lora_rank: ..., ...}")
+        raise err("attention", "mla needs its dimensions: {kind: mla, kv_lora_rank: ..., qk_nope_dim: ..., "
+                               "qk_rope_dim: ..., v_head_dim: ..., q_lora_rank: ...}")
+    kv_heads = _int(data, "kv_heads", err, default=1 if att == "mqa" else heads)
+    if heads % kv_heads:
+        raise err("kv_heads", f"{kv_heads} does not divide {heads} heads")
+    if att is None:
+        att = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
+    elif att == "mha" and kv_heads != heads:
+        raise err("kv_heads", f"{kv_heads} != {heads} heads, but attention is mha (use gqa or mqa)")
+    elif att == "mqa" and kv_heads != 1:
+        raise err("kv_heads", f"{kv_heads}, but attention is mqa (one K/V head; use gqa)")
+    head_dim = _int(data, "head_dim", err,
+                    default=mla.v_head_dim if mla is not None else max(1, hidden // heads))
+
+    activation = _choice(data, "activation", err, ACTIVATIONS, "gelu", "activation")
+    ffn_hidden = _int(data, "ffn_hidden", err, default=4 * hidden)
+    vocab = _int(data, "vocab", err)
+    tied = _bool(data, "tied_embeddings", err, False)
+    bias = _bool(data, "bias", err, False)
+    norm = _choice(data, "norm", err, NORMS, "layernorm" if bias else "rmsnorm", "norm")
+    position = _choice(data, "position_embedding", err, POSITION_EMBEDDINGS, "rope", "position embedding")
+    max_seq_len = _int(data, "max_seq_len", err, default=0, minimum=0)
+    if position == "learned" and not max_seq_len:
+        raise err("max_seq_len", "is required with position_embedding: learned (rows of the position table)")
+    mtp_layers = _int(data, "mtp_layers", err, default=0, minimum=0)
+
     moe = None
     if data.get("moe") is not None:
-        m = data["moe"]
+        moe = _moe(data["moe"], err, layers=layers, ffn_hidden=ffn_hidden)
 
-        def merr(key: str, msg: str) -> ConfigError:
-            return err(f"moe.{key}", msg)
-
-        if not isinstance(m, Mapping):
-            raise merr("", "expected a mapping {experts, top_k, expert_ffn_hidden, ...}")
-        _unknown(m, MOE_KEYS, merr)
-        experts = _int(m, "experts", merr)
-        top_k = _int(m, "top_k", merr)
-        if top_k > experts:
-            raise merr("top_k", f"{top_k} exceeds {experts} experts")
-        dense_layers = _int(m, "dense_layers", merr, default=0, minimum=0)
-        if dense_layers >= layers:
-            raise merr("dense_layers", f"{dense_layers} leaves no MoE layer among {layers}")
-        cf = m.get("capacity_factor", 0.0) or 0.0
-        if not isinstance(cf, (int, float)) or isinstance(cf, bool) or cf < 0:
-            raise merr("capacity_factor", f"{cf!r} must be a number >= 0 (0 = dropless)")
-        moe = MoESpec(experts=experts, top_k=top_k,
-                      expert_ffn_hidden=_int(m, "expert_ffn_hidden", merr, default=ffn_hidden),
-                      shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0),
-                      shared_expert_ffn_hidden=_int(m, "shared_expert_ffn_hidden", merr, default=0, minimum=0),
-                      dense_layers=dense_layers,
-                      dense_ffn_hidden=_int(m, "dense_ffn_hidden", merr, default=0, minimum=0),
-                      capacity_factor=float(cf),
-                      layer_freq=_int(m, "layer_freq", merr, default=1))
+    for key in ("notes", "family"):
+        if key in data and data[key] is not None and not isinstance(data[key], (str, list)):
+            raise err(key, f"expected text, got {type(data[key]).__name__}")
     source = data.get("source", "")
     if isinstance(source, list):
         source = "; ".join(map(str, source))
-    if require_source and not str(source).strip():
+    if require_source and not str(source or "").strip():
         raise err("source", "is required (every catalog number needs a source)")
 
     def count(key: str) -> float | None:
         if data.get(key) is None:
             return None
         try:
-            return parse_count(data[key])
+            v = parse_count(data[key])
         except ConfigError as exc:
             raise err(key, exc.message) from None
+        if v <= 0:
+            raise err(key, f"{data[key]!r} must be > 0")
+        return v
+
+    params, active = count("params"), count("active_params")
+    if params and active and active > params:
+        raise err("active_params", f"{data['active_params']!r} exceeds params {data['params']!r}")
 
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, ffn_hidden=ffn_hidden, activation=activation, vocab=vocab,
-                     tied_embeddings=tied, attention=str(att), mla=mla, moe=moe,
-                     bias=bool(data.get("bias", False)), source=str(source),
-                     published_params=count("params"), published_active_params=count("active_params"))
+                     tied_embeddings=tied, attention=str(att), mla=mla, moe=moe, bias=bias, norm=norm,
+                     position_embedding=position, max_seq_len=max_seq_len, mtp_layers=mtp_layers,
+                     source=str(source or ""), published_params=params, published_active_params=active)

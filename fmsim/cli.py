@@ -1,0 +1,696 @@
+"""The ``fmsim`` command line: catalog browsing, run, check, validate, lint.
+
+Owns argument parsing, expanding paths to scenario files, and turning every user error into exit
+code 2 and one line on stderr (``FILE: field.path: what is wrong (expected ...)``), never a
+traceback. Simulation goes through the package facade (``fmsim.simulate`` / ``fmsim.estimate``),
+imported when a command needs it. Sub-commands of other modules (``collective``,
+``plan-capacity``) are registered when those modules import.
+
+Exit codes: 0 success; 1 ``check`` found a prediction outside its band; 2 bad input (a file, an
+option, an infeasible plan, a kind whose simulator is not built); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, FmsimError
+from .units import format_quantity
+
+__all__ = ["build_parser", "expand_paths", "format_column", "main"]
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+CATALOG_TABLES = ("instances", "accelerators", "models", "storage", "prices", "fabrics")
+# Modules of other engineers that add sub-commands: add_parser(subparsers) and run(args) -> int.
+PLUGIN_MODULES = ("fmsim.cli_collective", "fmsim.cli_plan")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _say_error(line: str) -> None:
+    print(" ".join(str(line).split("\n")), file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------------------------
+# formatting
+
+
+def format_column(col: str, value: Any) -> str:
+    """A result column for people: units from the column name (``step_time_s`` -> ``12.3 s``)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or col == "fits":    # check: fits arrives as 1.0 / 0.0
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value or "-"
+    if isinstance(value, int) and not col.endswith(("_s", "_bytes", "usd")):
+        return f"{value:,}" if col not in ("seed",) else str(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(v):
+        return "-"
+    if col in ("mfu", "hfu"):
+        return f"{100 * v:.1f} %"
+    if "tflops" in col:
+        return f"{v:.1f} TFLOP/s"
+    if col.startswith("usd") or col.endswith("usd"):
+        return f"${v:,.2f}" if abs(v) >= 1 or v == 0 else f"${v:.4g}"
+    if col == "gpu_hours":
+        return f"{format_quantity(v, 'count')} GPU-h"
+    if col.endswith("_per_s") or "_per_s_" in col:
+        return f"{format_quantity(v, 'count')}/s"
+    if col.endswith("_s"):
+        return format_quantity(v, "s")
+    if col.endswith("_bytes"):
+        return format_quantity(v, "bytes")
+    return f"{v:.4g}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    cells = [[str(c) for c in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, r in enumerate(cells):
+        parts = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        lines.append("  ".join(parts).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _gb(n_bytes: float) -> str:
+    """Memory as the catalog writes it: whole GiB (80 GiB H100) or else decimal GB (192 GB B200)."""
+    gib = n_bytes / 2**30
+    if abs(gib - round(gib)) < 0.01:
+        return f"{gib:,.0f} GiB"
+    return f"{n_bytes / 1e9:,.0f} GB"
+
+
+# ----------------------------------------------------------------------------------------------
+# paths and loading
+
+
+def expand_paths(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Files named, and directories expanded to their ``*.yaml`` recursively (sorted).
+
+    Returns ``(files, error_lines)``; a path that does not exist is an error line.
+    """
+    files: list[str] = []
+    errors: list[str] = []
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            found = sorted(str(f) for f in path.rglob("*.yaml") if f.is_file())
+            files.extend(found)
+        elif path.exists():
+            files.append(p)
+        else:
+            errors.append(f"{p}: no such file or directory (expected a scenario .yaml file or a directory)")
+    return list(dict.fromkeys(files)), errors
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    from .scenario import parse_set_option
+
+    out: dict[str, Any] = {}
+    for item in getattr(args, "set", None) or ():
+        key, value = parse_set_option(item)
+        out[key] = value
+    return out
+
+
+def _load_all(args: argparse.Namespace) -> tuple[list[Any], list[str], int]:
+    """Load every scenario named by ``args.paths``: (scenarios, error lines, number of files)."""
+    from .scenario import load_scenario
+
+    overrides = _overrides(args)
+    files, errors = expand_paths(args.paths)
+    scenarios = []
+    for f in files:
+        try:
+            scenarios.append(load_scenario(f, overrides=overrides or None))
+        except FmsimError as exc:
+            errors.append(str(exc))
+    return scenarios, errors, len(files)
+
+
+def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], Any]:
+    """``fmsim.simulate`` or ``fmsim.estimate`` from the facade, looked up when first needed."""
+    import fmsim
+
+    name = "estimate" if estimate else "simulate"
+    try:
+        fn = getattr(fmsim, name)
+    except (ImportError, AttributeError):
+        fn = None
+    if not callable(fn):
+        raise FmsimError(f"fmsim.{name} is not built yet (the simulation facade is missing)")
+    if trace_path is None:
+        return fn
+    return lambda sc: fn(sc, trace_path=trace_path)
+
+
+def _trace_path(base: str | None, sc: Any, many: bool) -> str | None:
+    if base is None or not many:
+        return base
+    p = Path(base)
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in sc.name)
+    return str(p.with_name(f"{p.stem}-{safe}{p.suffix}"))
+
+
+def _write(kind: str, path: str, write: Callable[[], None]) -> None:
+    try:
+        write()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the {kind}: {exc.strerror or exc}", file=path) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    scenarios, errors, n_files = _load_all(args)
+    for line in errors:
+        _say_error(line)
+    if n_files == 0 and not errors:
+        print("no scenario files found")
+        return EXIT_OK
+    print(f"{len(scenarios)} of {n_files} scenario file{'s' if n_files != 1 else ''} OK")
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def _print_result(sc: Any, res: Any) -> None:
+    print(f"== {res.scenario}  ({sc.file})")
+    row = res.to_dict()
+    width = max((len(k) for k in row), default=10) + 2
+    for col, value in row.items():
+        print(f"  {col.ljust(width)}{format_column(col, value)}")
+    step = row.get("step_time_s") or row.get("e2e_p50_s")
+    if res.breakdown:
+        print("  breakdown")
+        for part, seconds in res.breakdown.items():
+            share = ""
+            if isinstance(step, (int, float)) and step and isinstance(seconds, (int, float)):
+                share = f"  ({100 * seconds / step:.1f} %)"
+            print(f"    {str(part).ljust(width - 2)}{format_column('x_s', seconds)}{share}")
+    if res.memory:
+        print("  memory per GPU")
+        for part, n_bytes in res.memory.items():
+            print(f"    {str(part).ljust(width - 2)}{format_column('x_bytes', n_bytes)}")
+    details = res.details if isinstance(res.details, Mapping) else {}
+    sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
+    if isinstance(sentence, str) and sentence:
+        print(f"  {sentence}")
+    print()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.trace and args.estimate:
+        raise ConfigError("--trace needs the simulation (drop --estimate)", file="--trace")
+    scenarios, errors, n_files = _load_all(args)
+    for line in errors:
+        _say_error(line)
+    if n_files == 0 and not errors:
+        _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml)")
+        return EXIT_USAGE
+    results = []
+    failed = bool(errors)
+    many = len(scenarios) > 1
+    for sc in scenarios:
+        run = _runner(args.estimate, _trace_path(args.trace, sc, many))
+        try:
+            res = run(sc)
+        except FmsimError as exc:
+            from .validate import error_line
+
+            _say_error(error_line(sc, exc))
+            failed = True
+            continue
+        results.append(res)
+        _print_result(sc, res)
+    from .export import write_csv, write_json
+
+    if args.csv:
+        _write("CSV", args.csv, lambda: write_csv(results, args.csv))
+    if args.json:
+        _write("JSON", args.json, lambda: write_json(results, args.json))
+    return EXIT_USAGE if failed else EXIT_OK
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _band_text(col: str, e: Any) -> str:
+    if col == "fits":
+        return format_column(col, e.value)
+    lo, hi = e.band()
+    return f"{format_column(col, lo)} .. {format_column(col, hi)}"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .validate import check_scenarios
+
+    scenarios, errors, _n_files = _load_all(args)
+    for line in errors:
+        _say_error(line)
+    with_expect = [sc for sc in scenarios if sc.expect]
+    skipped = len(scenarios) - len(with_expect)
+    rows = check_scenarios(with_expect, _runner(args.estimate)) if with_expect else []
+    table = []
+    for r in rows:
+        if r.expect is None:
+            table.append([r.scenario, "-", "-", "-", "-", "ERROR"])
+            continue
+        table.append(
+            [
+                r.scenario,
+                r.key,
+                format_column(r.key, r.predicted),
+                format_column(r.key, r.expect.value),
+                _band_text(r.key, r.expect),
+                "ok" if r.ok else "OUT OF BAND",
+            ]
+        )
+    if table:
+        print(_table(["scenario", "metric", "predicted", "expected", "band", "status"], table))
+    for r in rows:
+        if r.error:
+            _say_error(r.error)
+    n_bad = sum(not r.ok for r in rows)
+    checked = f"{len(with_expect)} scenario{_s(len(with_expect))} checked"
+    in_band = f"{len(rows) - n_bad} of {len(rows)} metrics in band"
+    skip = f"{skipped} scenario{_s(skipped)} without expect: skipped"
+    not_loaded = f"; {len(errors)} file{_s(len(errors))} not loaded" if errors else ""
+    print(f"{checked}, {in_band}; {skip}{not_loaded}")
+    if errors or any(r.expect is None for r in rows):
+        return EXIT_USAGE
+    return EXIT_CHECK_FAILED if n_bad else EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .validate import summarize, validate_scenarios
+
+    scenarios, errors, _n_files = _load_all(args)
+    for line in errors:
+        _say_error(line)
+    with_measured = [sc for sc in scenarios if sc.measured]
+    rows = validate_scenarios(with_measured, _runner(args.estimate)) if with_measured else []
+    table = []
+    for r in rows:
+        if r.key == "-":
+            table.append([r.scenario, "-", "-", "-", "ERROR", r.error])
+            continue
+        err = "-" if r.error_pct is None else f"{r.error_pct:+.1f} %"
+        table.append(
+            [
+                r.scenario,
+                r.key,
+                format_column(r.key, r.predicted),
+                format_column(r.key, r.measured),
+                err,
+                r.error or (r.formula or ""),
+            ]
+        )
+    if table:
+        print(_table(["scenario", "metric", "predicted", "measured", "error", "note"], table, right=(4,)))
+    s = summarize(rows)
+    skipped = len(scenarios) - len(with_measured)
+    if s.compared:
+        assert s.worst is not None and s.median_abs_pct is not None and s.worst_abs_pct is not None
+        print(
+            f"{s.compared} compared metrics over {len(with_measured) - s.errors} scenarios: median |error| "
+            f"{s.median_abs_pct:.1f} %, worst {s.worst_abs_pct:.1f} % ({s.worst.scenario} {s.worst.key})"
+        )
+    else:
+        print("no metric compared")
+    print(
+        f"{s.errors} scenario{'s' if s.errors != 1 else ''} raised an error; {skipped} without measured: "
+        "skipped" + (f"; {len(errors)} file{'s' if len(errors) != 1 else ''} not loaded" if errors else "")
+    )
+    if args.csv:
+        from .export import write_rows_csv
+
+        _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    _say_error("fmsim app: not built yet (the Streamlit explorer comes with its own issue)")
+    return EXIT_USAGE
+
+
+# -- catalog -------------------------------------------------------------------------------------
+
+
+def _usd_with_date(cat: Any, instance: str) -> str:
+    price = cat.price(instance, "on-demand")
+    return "-" if price is None else f"${price.usd_per_hour:,.2f} ({price.date})"
+
+
+def _catalog_table(cat: Any, what: str) -> str:
+    if what == "instances":
+        rows = []
+        for name, i in sorted(cat.instances.items()):
+            a = i.accelerator
+            rows.append(
+                [
+                    name,
+                    i.provider,
+                    f"{i.num_accelerators} x {a.name}",
+                    _gb(a.hbm_bytes),
+                    f"{i.scale_up.kind} {i.scale_up.domain_size}",
+                    i.fabric.name,
+                    f"{i.num_nics * i.nic_bytes_per_s * 8 / 1e9:,.0f}",
+                    _usd_with_date(cat, name),
+                ]
+            )
+        return _table(
+            [
+                "instance",
+                "provider",
+                "accelerators",
+                "HBM/GPU",
+                "scale-up",
+                "fabric",
+                "EFA/net Gbps",
+                "on-demand $/h (date)",
+            ],
+            rows,
+            right=(3, 6),
+        )
+    if what == "accelerators":
+        rows = []
+        for name, a in sorted(cat.accelerators.items()):
+            peaks = [
+                f"{a.peak_flop_per_s[p] / 1e12:,.0f}" if p in a.peak_flop_per_s else "-"
+                for p in ("bf16", "fp8", "fp4")
+            ]
+            rows.append(
+                [
+                    name,
+                    a.vendor,
+                    *peaks,
+                    _gb(a.hbm_bytes),
+                    f"{a.hbm_bytes_per_s / 1e12:.2f}",
+                    f"{a.scale_up_bytes_per_s / 1e9:,.0f}",
+                ]
+            )
+        return _table(
+            ["accelerator", "vendor", "bf16 TFLOP/s", "fp8", "fp4", "HBM", "HBM TB/s", "scale-up GB/s"],
+            rows,
+            right=(2, 3, 4, 5, 6, 7),
+        )
+    if what == "models":
+        rows = []
+        for name, m in sorted(cat.models.items()):
+            total, active = m.param_counts()
+            moe = f"{m.moe.experts}e top{m.moe.top_k}" if m.moe else "-"
+            rows.append(
+                [
+                    name,
+                    m.layers,
+                    m.hidden,
+                    f"{m.heads}/{m.kv_heads}",
+                    m.ffn_hidden,
+                    m.vocab,
+                    m.attention,
+                    moe,
+                    f"{total / 1e9:,.1f}B",
+                    f"{active / 1e9:,.1f}B",
+                ]
+            )
+        return _table(
+            ["model", "layers", "hidden", "heads/kv", "ffn", "vocab", "attention", "moe", "params", "active"],
+            rows,
+            right=(1, 2, 4, 5, 8, 9),
+        )
+    if what == "storage":
+        rows = []
+
+        def rate(v: float) -> str:
+            return "-" if not v else format_quantity(v, "bytes_per_s")
+
+        for name, s in sorted(cat.storage.items()):
+            price = (
+                "-"
+                if s.usd_per_gb_month is None
+                else f"${s.usd_per_gb_month:g}/GB-mo ({s.price_date or '?'})"
+            )
+            rows.append(
+                [
+                    name,
+                    s.kind,
+                    rate(s.throughput_per_tib_bytes_per_s),
+                    rate(s.burst_per_tib_bytes_per_s),
+                    rate(s.per_client_bytes_per_s),
+                    rate(s.per_client_efa_bytes_per_s),
+                    price,
+                ]
+            )
+        return _table(
+            ["storage", "kind", "per TiB", "burst/TiB", "per client", "per client (EFA)", "price"], rows
+        )
+    if what == "prices":
+        rows = []
+        for inst, prices in sorted(cat.prices.items()):
+            for p in sorted(prices, key=lambda p: (p.option, p.date)):
+                rows.append([inst, p.option, f"${p.usd_per_hour:,.2f}", p.date, p.region, p.note])
+        return _table(["instance", "option", "$/h", "date", "region", "note"], rows, right=(2,))
+    if what == "fabrics":
+        rows = []
+        for name, f in sorted(cat.fabrics.items()):
+            rows.append(
+                [
+                    name,
+                    f.kind,
+                    f"{f.nic_bytes_per_s * 8 / 1e9:,.0f}",
+                    format_quantity(f.latency_s, "s"),
+                    f"{f.efficiency:.2f}",
+                    "yes" if f.in_network_reduction else "no",
+                ]
+            )
+        return _table(
+            ["fabric", "kind", "NIC Gbps", "latency", "efficiency", "in-network reduction"], rows, right=(2,)
+        )
+    raise AssertionError(what)  # pragma: no cover - argparse restricts the choices
+
+
+def _describe(obj: Any, indent: str = "  ") -> list[str]:
+    lines = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            name = getattr(value, "name", None)
+            if name is not None and f.name in ("accelerator", "fabric"):
+                lines.append(f"{indent}{f.name}: {name}")
+                continue
+            lines.append(f"{indent}{f.name}:")
+            lines.extend(_describe(value, indent + "  "))
+            continue
+        if isinstance(value, Mapping):
+            shown = ", ".join(f"{k}: {_field_text(f.name, v)}" for k, v in value.items())
+            lines.append(f"{indent}{f.name}: {{{shown}}}")
+            continue
+        lines.append(f"{indent}{f.name}: {_field_text(f.name, value)}")
+    return lines
+
+
+def _field_text(name: str, value: Any) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return "-" if value is None else str(value)
+    if isinstance(value, float):
+        if name.endswith("bytes_per_s") or name == "bytes_per_s":
+            return format_quantity(value, "bytes_per_s")
+        if name.endswith("_bytes"):
+            return format_quantity(value, "bytes")
+        if name.endswith("_s"):
+            return format_quantity(value, "s")
+        if "flop_per_s" in name:
+            return format_quantity(value, "flop_per_s")
+        return f"{value:g}"
+    return str(value)
+
+
+def _catalog_show(cat: Any, name: str) -> str:
+    tables = [
+        ("instance", cat.instances),
+        ("accelerator", cat.accelerators),
+        ("model", cat.models),
+        ("fabric", cat.fabrics),
+        ("storage tier", cat.storage),
+    ]
+    for kind, table in tables:
+        if name in table:
+            obj = table[name]
+            lines = [f"{kind} {name}"]
+            lines.extend(_describe(obj))
+            if kind == "instance":
+                for p in sorted(cat.prices.get(name, ()), key=lambda p: (p.option, p.date)):
+                    lines.append(
+                        f"  price {p.option}: ${p.usd_per_hour:,.2f}/h ({p.date}, {p.region}) "
+                        f"{p.note}".rstrip()
+                    )
+                    lines.append(f"    source: {p.source}")
+            if kind == "model":
+                total, active = obj.param_counts()
+                lines.append(f"  parameters (computed): {total:,} total, {active:,} active per token")
+            return "\n".join(lines)
+    from .catalog import suggest
+
+    known = [n for _, t in tables for n in t]
+    raise ConfigError(f"{name!r} is not in the catalog{suggest(name, known)}", file="catalog")
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    from .catalog import load_catalog
+
+    cat = load_catalog()
+    if args.what == "show":
+        if not args.name:
+            raise ConfigError(
+                "show needs a NAME (an instance, accelerator, model, fabric or storage tier)", file="catalog"
+            )
+        print(_catalog_show(cat, args.name))
+        return EXIT_OK
+    if args.name:
+        raise ConfigError(
+            f"unexpected {args.name!r} after {args.what} (expected: catalog show NAME)", file="catalog"
+        )
+    print(_catalog_table(cat, args.what or "instances"))
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------------
+# parser
+
+
+def _add_scenario_args(p: argparse.ArgumentParser, *, estimate: bool = True) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="scenario .yaml files or directories (recursive)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY.PATH=VALUE",
+        default=[],
+        help="override a field before validation, e.g. --set parallelism.tp=4 (repeatable)",
+    )
+    if estimate:
+        p.add_argument(
+            "--estimate",
+            action="store_true",
+            help="use the analytical estimate instead of the discrete-event simulation",
+        )
+
+
+def _register_plugins(sub: Any) -> None:
+    for module_name in PLUGIN_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        before = set(sub.choices)
+        module.add_parser(sub)
+        for name in set(sub.choices) - before:
+            sub.choices[name].set_defaults(_handler=module.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = _Parser(
+        prog="fmsim",
+        description="Capacity-planning simulator for foundation-model training and serving on AWS.",
+    )
+    parser.add_argument("--version", action="version", version=f"fmsim {__version__}")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    p = sub.add_parser("catalog", help="browse the hardware and model catalogs")
+    p.add_argument(
+        "what",
+        nargs="?",
+        default="instances",
+        choices=CATALOG_TABLES + ("show",),
+        help="which table (default: instances), or show NAME",
+    )
+    p.add_argument(
+        "name", nargs="?", help="with show: an instance, accelerator, model, fabric or storage tier"
+    )
+    p.set_defaults(_handler=cmd_catalog)
+
+    p = sub.add_parser("run", help="simulate scenarios and print their results")
+    _add_scenario_args(p)
+    p.add_argument("--csv", metavar="F", help="write one CSV row per scenario to F ('-' = stdout)")
+    p.add_argument("--json", metavar="F", help="write the full results as JSON to F ('-' = stdout)")
+    p.add_argument(
+        "--trace",
+        metavar="F",
+        help="write a Chrome/Perfetto trace of the simulated timeline to F "
+        "(one file per scenario when several: F-<name>.json)",
+    )
+    p.set_defaults(_handler=cmd_run)
+
+    p = sub.add_parser("check", help="run scenarios with expect: bands; exit 1 when one leaves its band")
+    _add_scenario_args(p)
+    p.set_defaults(_handler=cmd_check)
+
+    p = sub.add_parser("validate", help="run scenarios with measured: values; predicted vs measured")
+    _add_scenario_args(p)
+    p.add_argument("--csv", metavar="F", help="write the comparison rows as CSV to F ('-' = stdout)")
+    p.set_defaults(_handler=cmd_validate)
+
+    p = sub.add_parser("lint", help="validate scenario files without running them")
+    _add_scenario_args(p, estimate=False)
+    p.set_defaults(_handler=cmd_lint)
+
+    p = sub.add_parser("app", help="the Streamlit what-if explorer (not built yet)")
+    p.add_argument("--port", type=int, default=8501)
+    p.set_defaults(_handler=cmd_app)
+
+    _register_plugins(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``fmsim`` console script; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors (already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler = getattr(args, "_handler", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(handler(args) or 0)
+    except FmsimError as exc:
+        _say_error(str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `fmsim catalog | head`
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

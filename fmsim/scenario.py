@@ -1,0 +1,1429 @@
+"""Scenario files, schema version 1: reading them safely, validating them, writing them back.
+
+Owns the scenario contract of DESIGN.md ("The scenario file"): the frozen :class:`Scenario` the
+simulators consume, the strict YAML reader (duplicate keys, alias bombs, oversize files and deep
+nesting are refused before anything is built), ``--set key.path=value`` overrides, and every
+check a file can fail with its located message ``FILE: field.path: what is wrong (expected ...)``.
+Quantities are parsed once here through :mod:`fmsim.units`; everything past this module is SI.
+
+The ``traffic``/``serving``/``test_time_compute``/``slo`` (``kind: inference``) and ``rl``
+(``kind: rl``) sections are kept as raw mappings in :attr:`Scenario.extra`; the simulators of
+those kinds validate them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .catalog import PRICING_OPTIONS, Catalog, Instance, load_catalog, suggest
+from .errors import ConfigError, ParallelismError
+from .model.architecture import ModelSpec, model_from_mapping
+from .results import COLUMNS_BY_KIND, COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS
+from .units import parse_bytes, parse_count, parse_flop_rate, parse_rate, parse_time
+
+__all__ = [
+    "FLOPS_FORMULAS",
+    "KINDS",
+    "MAX_ALIASES",
+    "MAX_FILE_BYTES",
+    "PRECISIONS",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "Checkpoint",
+    "Cluster",
+    "Expect",
+    "Overlap",
+    "Parallelism",
+    "Pricing",
+    "Reliability",
+    "Scenario",
+    "Workload",
+    "apply_overrides",
+    "canonical_metric",
+    "load_scenario",
+    "load_yaml_text",
+    "metric_columns",
+    "parse_metric_value",
+    "parse_set_option",
+    "scenario_from_mapping",
+    "scenario_to_mapping",
+]
+
+# ----------------------------------------------------------------------------------------------
+# vocabulary of schema v1
+
+SCHEMA_VERSION = 1
+KINDS = ("pretrain", "finetune", "rl", "inference")
+TRAINING_KINDS = ("pretrain", "finetune")
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+AXES = ("tp", "cp", "ep", "pp", "dp")
+DEFAULT_ORDER = ("tp", "cp", "ep", "pp", "dp")
+FLOPS_FORMULAS = ("megatron-2021", "korthikanti-2022", "palm", "nemo", "llama3")
+# Sections a kind adds; kept raw in Scenario.extra and validated by that kind's simulator.
+EXTRA_SECTIONS = {
+    "traffic": "inference",
+    "serving": "inference",
+    "test_time_compute": "inference",
+    "slo": "inference",
+    "rl": "rl",
+}
+
+TOP_KEYS = (
+    "version",
+    "name",
+    "description",
+    "seed",
+    "workload",
+    "parallelism",
+    "cluster",
+    "pricing",
+    "checkpoint",
+    "reliability",
+    "measured",
+    "expect",
+    *EXTRA_SECTIONS,
+)
+WORKLOAD_KEYS = (
+    "kind",
+    "model",
+    "precision",
+    "seq_len",
+    "global_batch",
+    "global_batch_tokens",
+    "micro_batch",
+    "train_tokens",
+)
+PARALLELISM_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "vpp",
+    "schedule",
+    "sequence_parallel",
+    "recompute",
+    "zero",
+    "overlap",
+    "order",
+)
+OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm")
+CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage")
+NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription")
+STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity")
+CHECKPOINT_KEYS = ("every", "async")
+RELIABILITY_KEYS = ("node_mtbf", "restart")
+MEASURED_STRING_KEYS = ("source", "flops_formula", "peak", "notes")
+EXPECT_KEYS = ("value", "rel_tol", "abs_tol")
+FLOPS_METRICS = ("model_tflops_per_gpu", "mfu", "hfu")
+
+# Input safety limits (the reader refuses files beyond them before building anything).
+MAX_FILE_BYTES = 1 << 20  # 1 MiB
+MAX_ALIASES = 100  # YAML aliases (*name) per file
+MAX_EXPANDED_NODES = 200_000  # nodes after expanding aliases (billion-laughs guard)
+MAX_DEPTH = 64  # nesting of mappings/sequences
+
+
+# ----------------------------------------------------------------------------------------------
+# specs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overlap:
+    """Which communications the training schedule overlaps with compute."""
+
+    grad_reduce: bool = True  # bucketed gradient reduce-scatter/all-reduce during backward
+    param_gather: bool = True  # ZeRO/FSDP parameter all-gather prefetched during forward
+    tp_comm: bool = False  # TP all-gather/reduce-scatter overlapped with GEMMs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """How the job is split: sizes of each axis, pipeline schedule, recompute and ZeRO stage."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1  # resolved from ``auto`` = gpus / (tp*pp*cp)
+    cp: int = 1
+    ep: int = 1  # carved out of dp*cp (Megatron convention)
+    vpp: int = 1  # virtual stages per pipeline rank
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    zero: int = 0
+    overlap: Overlap = field(default_factory=Overlap)
+    order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks one model replica spans: tp * pp * cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What runs: the kind, the model, its precision and batch geometry.
+
+    ``seq_len`` and ``global_batch`` are 0 when the kind does not use them (inference, rl).
+    """
+
+    kind: str
+    model: ModelSpec
+    precision: str = "bf16"
+    seq_len: int = 0
+    global_batch: int = 0  # sequences per optimizer step
+    micro_batch: int = 1
+    train_tokens: float | None = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Where it runs: an instance type (with ``network:`` overrides applied) times a node count."""
+
+    instance: Instance
+    nodes: int
+    gpus: int
+    placement: str = "auto"
+    oversubscription: float = 1.0
+    storage: Mapping[str, Any] | None = None  # kind, tier, deployment, throughput_per_tib (B/s), capacity (B)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pricing:
+    """A catalog purchase option, or a fixed price per instance-hour; exactly one is set."""
+
+    option: str | None = "on-demand"
+    usd_per_hour: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    every_s: float
+    async_: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reliability:
+    node_mtbf_s: float
+    restart_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expect:
+    """A regression band: ``value`` within ``max(rel_tol * |value|, abs_tol)`` (math.isclose rule)."""
+
+    value: float
+    rel_tol: float
+    abs_tol: float = 0.0
+
+    @property
+    def half_width(self) -> float:
+        return max(self.rel_tol * abs(self.value), self.abs_tol)
+
+    def band(self) -> tuple[float, float]:
+        return self.value - self.half_width, self.value + self.half_width
+
+    def contains(self, x: float | None) -> bool:
+        if x is None or isinstance(x, str):
+            return False
+        x = float(x)
+        return math.isfinite(x) and abs(x - self.value) <= self.half_width * (1 + 1e-12)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """One scenario file, validated and in SI units."""
+
+    name: str
+    description: str = ""
+    version: int = SCHEMA_VERSION
+    file: str | None = None
+    seed: int = 0
+    workload: Workload
+    parallelism: Parallelism
+    cluster: Cluster
+    pricing: Pricing = field(default_factory=Pricing)
+    checkpoint: Checkpoint | None = None
+    reliability: Reliability | None = None
+    measured: Mapping[str, float] = field(default_factory=dict)  # column -> value (column's unit)
+    measured_source: str = ""
+    measured_notes: Mapping[str, str] = field(default_factory=dict)  # flops_formula, peak, notes
+    expect: Mapping[str, Expect] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # raw kind-specific sections
+
+    @property
+    def measured_peak_flop_per_s(self) -> float | None:
+        """The peak FLOP/s the measurement's source divided by (``measured.peak``), if given."""
+        peak = self.measured_notes.get("peak")
+        return float(peak) if peak else None
+
+    @property
+    def flops_formula(self) -> str | None:
+        return self.measured_notes.get("flops_formula") or None
+
+
+# ----------------------------------------------------------------------------------------------
+# result columns as scenario keys (measured:, expect:)
+
+_ALIASES = {"step_time": "step_time_s", "tflops_per_gpu": "model_tflops_per_gpu"}
+_NOT_METRICS = (
+    "scenario",
+    "kind",
+    "instance",
+    "nodes",
+    "gpus",
+    "price_date",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "hbm_per_gpu_bytes",
+    "bottleneck",
+    "pricing_option",
+    "usd_per_hour",
+)
+for _col in TRAINING_COLUMNS + INFERENCE_COLUMNS:
+    if _col.endswith("_s") and not _col.endswith("_per_s"):
+        _ALIASES.setdefault(_col[:-2], _col)  # ttft_p50 -> ttft_p50_s
+
+
+def metric_columns(kind: str) -> tuple[str, ...]:
+    """Result columns a ``measured:``/``expect:`` entry may name for a workload ``kind``."""
+    if kind in COLUMNS_BY_KIND:
+        cols = COLUMNS_BY_KIND[kind]
+    else:  # rl: trains and generates
+        cols = TRAINING_COLUMNS + INFERENCE_COLUMNS
+    return tuple(c for c in COMMON_COLUMNS + tuple(cols) if c not in _NOT_METRICS)
+
+
+def canonical_metric(key: str) -> str:
+    """Column name of a measured/expect key (``step_time`` -> ``step_time_s``)."""
+    return _ALIASES.get(key, key)
+
+
+def _dimension(col: str) -> str:
+    if col in ("mfu", "hfu"):
+        return "fraction"
+    if col == "model_tflops_per_gpu":
+        return "tflops"
+    if col == "fits":
+        return "bool"
+    if col.endswith(("_per_s", "_per_s_per_gpu")) or col == "gpu_hours":
+        return "count"
+    if col.endswith("_s"):
+        return "s"
+    if col.endswith("_bytes"):
+        return "bytes"
+    if col.startswith("usd") or col.endswith("usd"):
+        return "usd"
+    return "count"
+
+
+def parse_metric_value(col: str, value: Any) -> float:
+    """A measured/expected value in the unit of column ``col`` (SI; TFLOP/s for ``*_tflops_*``).
+
+    Raises :class:`ConfigError` (no location) with what was expected.
+    """
+    dim = _dimension(col)
+    if dim == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{value!r} is not true/false (expected true or false)")
+        return 1.0 if value else 0.0
+    if isinstance(value, bool):
+        raise ConfigError(f"{value!r} is not a number (expected a {dim} value)")
+    if dim == "fraction":
+        if isinstance(value, str) and value.strip().endswith("%"):
+            out = parse_count(value.strip()[:-1]) / 100.0
+        else:
+            out = parse_count(value)
+        if not 0.0 < out <= 1.0:
+            raise ConfigError(f"{value!r} is not a fraction in (0, 1] (expected e.g. 0.45 or '45%')")
+        return out
+    if dim == "tflops":
+        if isinstance(value, str) and re.search(r"FLOP", value):
+            out = parse_flop_rate(value) / 1e12
+        else:
+            out = parse_count(value)
+    elif dim == "s":
+        out = parse_time(value)
+    elif dim == "bytes":
+        out = parse_bytes(value)
+    elif dim == "usd":
+        out = parse_count(value.strip().lstrip("$").replace(",", "") if isinstance(value, str) else value)
+    else:
+        out = parse_count(value)
+    if not out > 0:
+        raise ConfigError(f"{value!r} must be > 0")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# safe YAML
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """The reader refuses this input (aliases, nesting, duplicate keys)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys, too many aliases and too deep nesting."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._num_aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._num_aliases += 1
+            if self._num_aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise _Refused(
+                    None, None, f"more than {MAX_ALIASES} YAML aliases (refused: alias bomb guard)", mark
+                )
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _Refused(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = key in first_line
+                except TypeError:  # unhashable key: the base constructor says so
+                    continue
+                if seen:
+                    raise _Refused(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first given at line {first_line[key]})",
+                        key_node.start_mark,
+                    )
+                first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _check_expansion(root: Any) -> None:
+    """Refuse node graphs whose alias expansion is huge or cyclic (iterative: no recursion limit)."""
+    cap = MAX_EXPANDED_NODES + 1
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            size[key] = min(cap, 1 + sum(size[id(c)] for c in _children(node)))
+            on_path.discard(key)
+            continue
+        if key in size:
+            continue
+        if key in on_path:
+            raise _Refused(None, None, "a YAML alias refers to a node containing itself", node.start_mark)
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in size)
+    if size[id(root)] > MAX_EXPANDED_NODES:
+        raise _Refused(
+            None,
+            None,
+            f"aliases expand to more than {MAX_EXPANDED_NODES:,} values (refused: alias bomb guard)",
+            root.start_mark,
+        )
+
+
+def load_yaml_text(text: str, *, file: str | None = None) -> Any:
+    """Parse one YAML document strictly; errors are :class:`ConfigError` naming the line."""
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expansion(node)
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "cannot parse"
+        if isinstance(exc, _Refused):
+            raise ConfigError(f"{where}{problem}", file=file) from None
+        context = ""
+        if exc.context and exc.problem:
+            cm = exc.context_mark
+            started = f" started at line {cm.line + 1}" if cm is not None and cm is not mark else ""
+            context = f" ({exc.context}{started})"
+        raise ConfigError(
+            f"{where}invalid YAML: {problem}{context} (expected valid YAML)", file=file
+        ) from None
+    except yaml.YAMLError as exc:  # reader errors (bad characters) and the like
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"invalid YAML: {first}", file=file) from None
+    except RecursionError:  # pragma: no cover - MAX_DEPTH comes first
+        raise ConfigError("nested too deeply", file=file) from None
+    finally:
+        loader.dispose()
+
+
+def _read_text(path: Path, file: str) -> str:
+    try:
+        if path.is_dir():
+            raise ConfigError("is a directory (expected a scenario .yaml file)", file=file)
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"file is {size:,} bytes, over the {MAX_FILE_BYTES:,}-byte limit for scenario "
+                "files (refused before parsing)",
+                file=file,
+            )
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=file) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"file is over the {MAX_FILE_BYTES:,}-byte limit for scenario files", file=file)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=file
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# overrides (--set key.path=value)
+
+_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*$")
+
+
+def parse_set_option(text: str) -> tuple[str, Any]:
+    """``"parallelism.tp=4"`` -> ``("parallelism.tp", 4)``; the value is read as a YAML scalar/flow."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not _PATH.match(key):
+        raise ConfigError(f"{text!r} is not key.path=value (expected e.g. parallelism.tp=4)", file="--set")
+    parsed = load_yaml_text(value, file=f"--set {key}") if value.strip() else None
+    return key, parsed
+
+
+def apply_overrides(
+    data: Mapping[str, Any], overrides: Mapping[str, Any], *, file: str | None = None
+) -> dict[str, Any]:
+    """A deep copy of ``data`` with each dotted ``key.path`` set to its value (mappings created)."""
+    out: dict[str, Any] = copy.deepcopy(dict(data))
+    for path, value in overrides.items():
+        if not isinstance(path, str) or not _PATH.match(path):
+            raise ConfigError(
+                f"{path!r} is not a dotted key path (expected e.g. parallelism.tp)",
+                file=file,
+                field=str(path),
+            )
+        parts = path.split(".")
+        node: Any = out
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            elif isinstance(nxt, Mapping) and not isinstance(nxt, dict):
+                nxt = node[part] = dict(nxt)
+            elif not isinstance(nxt, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"cannot set {path}: {where} is {_what(nxt)}, not a mapping", file=file, field=path
+                )
+            node = nxt
+        node[parts[-1]] = copy.deepcopy(value)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# reading sections with located errors
+
+_MISSING: Any = dataclasses.MISSING
+
+
+def _what(value: Any) -> str:
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+class _Section:
+    """One mapping of the scenario: typed getters whose errors carry ``file`` and ``field``."""
+
+    def __init__(self, data: Any, file: str | None, where: str, allowed: tuple[str, ...], *, what: str = ""):
+        if not isinstance(data, Mapping):
+            expected = what or f"a mapping with keys {', '.join(allowed)}"
+            raise ConfigError(f"got {_what(data)} (expected {expected})", file=file, field=where or None)
+        self.data, self.file, self.where, self.allowed = data, file, where, allowed
+        for key in data:
+            if not isinstance(key, str):
+                raise self.err(str(key), f"key {key!r} is not a name (expected one of {', '.join(allowed)})")
+            if key not in allowed:
+                raise self.err(key, f"unknown key {key!r}{suggest(key, allowed)}")
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def err(self, key: str, message: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
+        return cls(message, file=self.file, field=self.path(key) if key else (self.where or None))
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = _MISSING, *, hint: str = "") -> Any:
+        if not self.has(key):
+            if default is _MISSING:
+                raise self.err(key, f"is required{f' ({hint})' if hint else ''}")
+            return default
+        return self.data[key]
+
+    def text(self, key: str, default: Any = _MISSING, *, nonempty: bool = False) -> Any:
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key)
+        if not isinstance(value, str):
+            raise self.err(key, f"got {_what(value)} (expected a string; quote it)")
+        if nonempty and not value.strip():
+            raise self.err(key, "is empty (expected a non-empty string)")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key, hint=f"one of {', '.join(choices)}")
+        if not isinstance(value, str) or value not in choices:
+            shown = repr(value) if isinstance(value, str) else _what(value)
+            sugg = (
+                suggest(value, choices)
+                if isinstance(value, str)
+                else f" (expected one of {', '.join(choices)})"
+            )
+            if "known:" in sugg:
+                sugg = f" (expected one of {', '.join(choices)})"
+            raise self.err(key, f"{shown} is not valid{sugg}")
+        return value
+
+    def boolean(self, key: str, default: Any = _MISSING) -> Any:
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key)
+        if not isinstance(value, bool):
+            raise self.err(key, f"got {_what(value)} (expected true or false)")
+        return value
+
+    def integer(
+        self,
+        key: str,
+        default: Any = _MISSING,
+        *,
+        minimum: int = 1,
+        maximum: int | None = None,
+        counts: bool = False,
+        hint: str = "",
+    ) -> Any:
+        """An integer; ``counts`` also accepts count strings (``"2k"``, ``"16Ki"``)."""
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key, hint=hint)
+        number: float | int
+        if isinstance(value, bool):
+            raise self.err(key, f"got {_what(value)} (expected an integer >= {minimum})")
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif counts and isinstance(value, str):
+            try:
+                parsed = parse_count(value)
+            except ConfigError as exc:
+                raise self.err(key, exc.message) from None
+            if not float(parsed).is_integer():
+                raise self.err(key, f"{value!r} = {parsed:g} is not a whole number (expected an integer)")
+            number = int(parsed)
+        else:
+            raise self.err(key, f"got {_what(value)} (expected an integer >= {minimum})")
+        if number < minimum:
+            raise self.err(key, f"{number} is less than {minimum} (expected an integer >= {minimum})")
+        if maximum is not None and number > maximum:
+            raise self.err(key, f"{number} is more than {maximum} (expected {minimum}..{maximum})")
+        return int(number)
+
+    def quantity(
+        self,
+        key: str,
+        parse: Callable[[Any], float],
+        default: Any = _MISSING,
+        *,
+        minimum: float = 0.0,
+        inclusive: bool = False,
+        expected: str = "",
+    ) -> Any:
+        """A unit quantity through :mod:`fmsim.units`, required to be > ``minimum`` (or >=)."""
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key, hint=expected)
+        try:
+            out = parse(value)
+        except ConfigError as exc:
+            raise self.err(key, exc.message) from None
+        ok = out >= minimum if inclusive else out > minimum
+        if not ok or not math.isfinite(out):
+            rel = ">=" if inclusive else ">"
+            raise self.err(
+                key, f"{value!r} must be {rel} {minimum:g}{f' (expected {expected})' if expected else ''}"
+            )
+        return float(out)
+
+    def section(
+        self, key: str, allowed: tuple[str, ...], *, required: bool = False, what: str = ""
+    ) -> _Section | None:
+        if not self.has(key):
+            if required:
+                raise self.err(key, f"is required (expected a mapping with keys {', '.join(allowed)})")
+            return None
+        return _Section(self.data[key], self.file, self.path(key), allowed, what=what)
+
+
+def _relocate(exc: ConfigError, file: str | None, field_path: str) -> ConfigError:
+    """``exc`` (raised without a location, e.g. by the catalog) placed at ``file``/``field_path``."""
+    return type(exc)(exc.message, file=file, field=field_path)
+
+
+# ----------------------------------------------------------------------------------------------
+# building a Scenario
+
+
+def _version(top: _Section) -> int:
+    v = top.raw("version", hint=f"expected {SCHEMA_VERSION}")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise top.err("version", f"got {_what(v)} (expected {SCHEMA_VERSION})")
+    if v != SCHEMA_VERSION:
+        raise top.err("version", f"schema version {v} is not supported (expected {SCHEMA_VERSION})")
+    return v
+
+
+def _model(wl: _Section, catalog: Catalog) -> ModelSpec:
+    raw = wl.raw("model", hint="a model_catalog name or an inline architecture mapping")
+    if isinstance(raw, str):
+        try:
+            return catalog.model(raw)
+        except ConfigError as exc:
+            raise _relocate(exc, wl.file, wl.path("model")) from None
+    if isinstance(raw, Mapping):
+        return model_from_mapping(raw, file=wl.file, where=wl.path("model"))
+    raise wl.err(
+        "model", f"got {_what(raw)} (expected a model_catalog name or an inline architecture mapping)"
+    )
+
+
+def _tokens_to_sequences(wl: _Section, seq_len: int) -> int:
+    """``global_batch_tokens`` as a whole number of sequences of ``seq_len``.
+
+    ML papers write batch sizes like "16M tokens" for 2^24 = 2048 x 8192: when the decimal reading
+    of a K/M/G/T suffix is not a whole number of sequences but the binary reading is, the binary
+    reading is taken (documented in README, scenario reference).
+    """
+    raw = wl.raw("global_batch_tokens")
+    tokens = wl.quantity("global_batch_tokens", parse_count, expected="a token count like 16M or 4194304")
+    if tokens % seq_len == 0:
+        return int(tokens // seq_len)
+    if isinstance(raw, str):
+        m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT])\s*", raw)
+        if m:
+            binary = float(m.group(1)) * 1024.0 ** ("KMGT".index(m.group(2)) + 1)
+            if binary.is_integer() and binary % seq_len == 0:
+                return int(binary // seq_len)
+    raise wl.err(
+        "global_batch_tokens",
+        f"{raw!r} = {tokens:,.0f} tokens is not a whole number of sequences of seq_len {seq_len} "
+        "(expected a multiple of seq_len, or give global_batch in sequences)",
+    )
+
+
+def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
+    wl = top.section("workload", WORKLOAD_KEYS, required=True)
+    assert wl is not None
+    kind = wl.choice("kind", KINDS)
+    model = _model(wl, catalog)
+    precision = wl.choice("precision", PRECISIONS, "bf16")
+    training = kind in TRAINING_KINDS
+    seq_len = wl.integer(
+        "seq_len", _MISSING if training else 0, counts=True, hint="tokens per sequence, e.g. 8192"
+    )
+    micro_batch = wl.integer("micro_batch", 1, counts=True)
+    if wl.has("global_batch") and wl.has("global_batch_tokens"):
+        raise wl.err("global_batch_tokens", "give global_batch or global_batch_tokens, not both")
+    if wl.has("global_batch_tokens"):
+        if not seq_len:
+            raise wl.err("seq_len", "is required with global_batch_tokens (expected tokens per sequence)")
+        global_batch = _tokens_to_sequences(wl, seq_len)
+    else:
+        global_batch = wl.integer(
+            "global_batch",
+            _MISSING if training else 0,
+            counts=True,
+            hint="sequences per optimizer step, or global_batch_tokens",
+        )
+    train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
+    return Workload(
+        kind=kind,
+        model=model,
+        precision=precision,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        micro_batch=micro_batch,
+        train_tokens=train_tokens,
+    ), wl
+
+
+def _cluster(top: _Section, catalog: Catalog) -> Cluster:
+    cl = top.section("cluster", CLUSTER_KEYS, required=True)
+    assert cl is not None
+    name = cl.raw("instance", hint="a hardware_catalog instance, e.g. p5.48xlarge")
+    if not isinstance(name, str):
+        raise cl.err("instance", f"got {_what(name)} (expected an instance name, e.g. p5.48xlarge)")
+    try:
+        base = catalog.instance(name)
+    except ConfigError as exc:
+        raise _relocate(exc, cl.file, cl.path("instance")) from None
+    inst = base
+    oversubscription = 1.0
+    net = cl.section("network", NETWORK_KEYS)
+    if net is not None:
+        if net.has("fabric"):
+            fab_name = net.text("fabric")
+            kinds = sorted({f.kind for f in catalog.fabrics.values()})
+            if fab_name not in catalog.fabrics and fab_name in kinds:
+                # A fabric kind (DESIGN.md: "infiniband | roce"): change the protocol, keep the node's
+                # NICs -- the catalog fabric of that kind whose NIC rate is closest to the node's.
+                same_kind = [f for f in catalog.fabrics.values() if f.kind == fab_name]
+                fabric = min(same_kind, key=lambda f: (abs(f.nic_bytes_per_s - inst.nic_bytes_per_s), f.name))
+                inst = dataclasses.replace(inst, fabric=fabric)
+            else:
+                try:
+                    fabric = catalog.fabric(fab_name)
+                except ConfigError as exc:
+                    raise _relocate(exc, net.file, net.path("fabric")) from None
+                inst = dataclasses.replace(inst, fabric=fabric, nic_bytes_per_s=fabric.nic_bytes_per_s)
+        if net.has("nics_per_node"):
+            inst = dataclasses.replace(inst, num_nics=net.integer("nics_per_node"))
+        if net.has("nic_bandwidth"):
+            inst = dataclasses.replace(
+                inst,
+                nic_bytes_per_s=net.quantity(
+                    "nic_bandwidth", parse_rate, expected="a rate like '100 Gbps' or '50 GB/s'"
+                ),
+            )
+        oversubscription = net.quantity(
+            "oversubscription",
+            float_number,
+            1.0,
+            minimum=1.0,
+            inclusive=True,
+            expected="a ratio >= 1 (1 = non-blocking)",
+        )
+    per_node = inst.num_accelerators
+    has_nodes, has_gpus = cl.has("nodes"), cl.has("gpus")
+    if not has_nodes and not has_gpus:
+        raise cl.err("nodes", f"is required (expected nodes: N, or gpus: a multiple of {per_node})")
+    nodes = cl.integer("nodes", counts=True) if has_nodes else None
+    gpus = cl.integer("gpus", counts=True) if has_gpus else None
+    if gpus is not None:
+        if gpus % per_node:
+            raise cl.err(
+                "gpus",
+                f"{gpus} is not a multiple of the {per_node} accelerators of one {name} "
+                f"(expected a multiple of {per_node})",
+            )
+        if nodes is not None and nodes * per_node != gpus:
+            raise cl.err(
+                "gpus",
+                f"{gpus} disagrees with nodes: {nodes} x {per_node} = {nodes * per_node} "
+                "(expected nodes or gpus, or both agreeing)",
+            )
+        nodes = gpus // per_node
+    assert nodes is not None
+    unit = inst.nodes_per_unit
+    if inst.provider == "aws" and unit > 1 and nodes % unit:
+        key = "gpus" if has_gpus else "nodes"
+        raise cl.err(
+            key,
+            f"{name} is sold in units of {unit} nodes ({unit * per_node} accelerators); {nodes} "
+            f"nodes is not a whole number of units (expected a multiple of {unit} nodes)",
+        )
+    placement = cl.text("placement", "auto", nonempty=True)
+    storage = _storage(cl, catalog)
+    cluster = Cluster(
+        instance=inst,
+        nodes=nodes,
+        gpus=nodes * per_node,
+        placement=placement,
+        oversubscription=oversubscription,
+        storage=storage,
+    )
+    return cluster
+
+
+def float_number(value: Any) -> float:
+    """A plain number (int or float, not a boolean) as float, for ratios and tolerances."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"got {_what(value)} (expected a number)")
+    return float(value)
+
+
+def _storage(cl: _Section, catalog: Catalog) -> dict[str, Any] | None:
+    st = cl.section("storage", STORAGE_KEYS)
+    if st is None:
+        return None
+    out: dict[str, Any] = {"kind": st.text("kind", nonempty=True)}
+    if st.has("tier"):
+        tier = st.text("tier")
+        try:
+            catalog.storage_tier(tier)
+        except ConfigError as exc:
+            raise _relocate(exc, st.file, st.path("tier")) from None
+        out["tier"] = tier
+    if st.has("deployment"):
+        out["deployment"] = st.text("deployment", nonempty=True)
+    if st.has("throughput_per_tib"):
+        out["throughput_per_tib"] = st.quantity(
+            "throughput_per_tib", parse_rate, expected="a rate per TiB like '250 MB/s'"
+        )
+    if st.has("capacity"):
+        out["capacity"] = st.quantity("capacity", parse_bytes, expected="a size like '480 TiB'")
+    return out
+
+
+def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: Cluster) -> Parallelism:
+    ps = top.section("parallelism", PARALLELISM_KEYS)
+    if ps is None:
+        ps = _Section({}, top.file, "parallelism", PARALLELISM_KEYS)
+    model = workload.model
+    gpus = cluster.gpus
+    tp = ps.integer("tp", 1)
+    pp = ps.integer("pp", 1)
+    cp = ps.integer("cp", 1)
+    ep = ps.integer("ep", 1)
+    vpp = ps.integer("vpp", 1)
+    PE = ParallelismError
+
+    # Megatron-LM shards attention heads over TP ranks; KV heads are split when tp divides them and
+    # replicated when kv_heads < tp (Megatron core, TransformerConfig num_query_groups).
+    if model.heads % tp:
+        raise ps.err(
+            "tp",
+            f"{tp} does not divide the {model.heads} attention heads of {model.name} "
+            f"(expected a divisor of {model.heads})",
+            PE,
+        )
+    if model.kv_heads % tp and tp % model.kv_heads:
+        raise ps.err(
+            "tp",
+            f"{tp} and the {model.kv_heads} KV heads of {model.name} do not divide one another "
+            "(expected tp | kv_heads or kv_heads | tp)",
+            PE,
+        )
+    mp = tp * pp * cp
+    raw_dp = ps.raw("dp", "auto")
+    if raw_dp == "auto":
+        if gpus % mp:
+            raise ps.err(
+                "dp",
+                f"auto: {gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {mp} "
+                f"(expected a GPU count that is a multiple of {mp})",
+                PE,
+            )
+        dp = gpus // mp
+    else:
+        if isinstance(raw_dp, str):
+            raise ps.err("dp", f"{raw_dp!r} is not valid (expected auto or an integer >= 1)")
+        dp = ps.integer("dp", hint="auto or an integer")
+        if mp * dp != gpus:
+            raise ps.err(
+                "dp",
+                f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {mp * dp} does not equal the {gpus} GPUs "
+                f"of the cluster (expected dp = {gpus / mp:g}, or dp: auto)",
+                PE,
+            )
+    # Megatron-LM convention: expert-parallel ranks are carved out of the dp*cp ranks; with MoE
+    # parallel folding (Megatron-Core >= 0.10; Liu et al. 2025, arXiv 2504.14960) the expert layers
+    # regroup all tp*cp*dp ranks of a stage, expert-TP 1, so ep may take TP ranks too.
+    if ep > 1:
+        if model.moe is None:
+            raise ps.err("ep", f"{ep} > 1 but {model.name} is a dense model (expected ep: 1)", PE)
+        if model.moe.experts % ep:
+            raise ps.err(
+                "ep",
+                f"{ep} does not divide the {model.moe.experts} experts of {model.name} "
+                f"(expected a divisor of {model.moe.experts})",
+                PE,
+            )
+        if (tp * dp * cp) % ep:
+            raise ps.err(
+                "ep",
+                f"{ep} does not divide the tp*cp*dp = {tp}*{cp}*{dp} = {tp * dp * cp} ranks of a "
+                "pipeline stage (expected ep to divide dp*cp, or tp*cp*dp with MoE parallel "
+                "folding)",
+                PE,
+            )
+    # Uneven layer splits are allowed (Megatron-style); every virtual stage needs one layer.
+    if vpp > 1 and pp == 1:
+        raise ps.err(
+            "vpp", f"{vpp} virtual stages need pipeline parallelism (expected pp > 1, or vpp: 1)", PE
+        )
+    if pp * vpp > model.layers:
+        field_name = "vpp" if vpp > 1 else "pp"
+        raise ps.err(
+            field_name,
+            f"pp*vpp = {pp}*{vpp} = {pp * vpp} stages exceed the {model.layers} layers "
+            f"of {model.name} (expected at most {model.layers} stages)",
+            PE,
+        )
+    schedule = ps.choice("schedule", SCHEDULES, "interleaved" if vpp > 1 else "1f1b")
+    if vpp > 1 and schedule != "interleaved":
+        raise ps.err("schedule", f"{schedule} with vpp {vpp} (expected interleaved when vpp > 1)")
+    if vpp == 1 and schedule == "interleaved":
+        raise ps.err("schedule", "interleaved needs virtual stages (expected vpp >= 2, or schedule: 1f1b)")
+    if workload.kind in TRAINING_KINDS:
+        # Megatron-LM context parallelism cuts each sequence into 2*cp chunks (load-balanced causal).
+        if cp > 1 and workload.seq_len % (2 * cp):
+            raise ps.err(
+                "cp",
+                f"seq_len {workload.seq_len} is not divisible by 2*cp = {2 * cp} "
+                "(expected seq_len a multiple of 2*cp)",
+                PE,
+            )
+        per_step = dp * workload.micro_batch
+        if workload.global_batch % per_step:
+            raise ParallelismError(
+                f"{workload.global_batch} sequences are not divisible by dp*micro_batch = {dp}*"
+                f"{workload.micro_batch} = {per_step} (expected a multiple of {per_step})",
+                file=wl_sec.file,
+                field=wl_sec.path("global_batch"),
+            )
+    ov = ps.section("overlap", OVERLAP_KEYS)
+    overlap = (
+        Overlap()
+        if ov is None
+        else Overlap(
+            grad_reduce=ov.boolean("grad_reduce", True),
+            param_gather=ov.boolean("param_gather", True),
+            tp_comm=ov.boolean("tp_comm", False),
+        )
+    )
+    order = DEFAULT_ORDER
+    if ps.has("order"):
+        raw = ps.raw("order")
+        if not isinstance(raw, (list, tuple)) or not all(isinstance(a, str) for a in raw):
+            raise ps.err("order", f"got {_what(raw)} (expected a list of axes: {', '.join(AXES)})")
+        for i, axis in enumerate(raw):
+            if axis not in AXES:
+                raise ps.err(f"order[{i}]", f"unknown axis {axis!r}{suggest(axis, AXES)}")
+        if sorted(raw) != sorted(AXES):
+            raise ps.err(
+                "order",
+                f"{list(raw)} is not an ordering of {', '.join(AXES)} "
+                "(expected each axis once, innermost first)",
+            )
+        order = tuple(raw)
+    return Parallelism(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        vpp=vpp,
+        schedule=schedule,
+        sequence_parallel=ps.boolean("sequence_parallel", False),
+        recompute=ps.choice("recompute", RECOMPUTE, "none"),
+        zero=ps.integer("zero", 0, minimum=0, maximum=3),
+        overlap=overlap,
+        order=order,
+    )
+
+
+def _pricing(top: _Section) -> Pricing:
+    raw = top.raw("pricing", "on-demand")
+    if isinstance(raw, str):
+        if raw not in PRICING_OPTIONS:
+            raise top.err("pricing", f"{raw!r} is not a pricing option{suggest(raw, PRICING_OPTIONS)}")
+        return Pricing(option=raw, usd_per_hour=None)
+    if isinstance(raw, Mapping):
+        sec = _Section(raw, top.file, "pricing", ("usd_per_hour",))
+        price = sec.quantity("usd_per_hour", float_number, expected="US dollars per instance-hour, e.g. 40")
+        return Pricing(option=None, usd_per_hour=price)
+    raise top.err(
+        "pricing", f"got {_what(raw)} (expected one of {', '.join(PRICING_OPTIONS)} or {{usd_per_hour: N}})"
+    )
+
+
+def _checkpoint(top: _Section) -> Checkpoint | None:
+    sec = top.section("checkpoint", CHECKPOINT_KEYS)
+    if sec is None:
+        return None
+    return Checkpoint(
+        every_s=sec.quantity("every", parse_time, expected="a duration like '30 min'"),
+        async_=sec.boolean("async", False),
+    )
+
+
+def _reliability(top: _Section) -> Reliability | None:
+    sec = top.section("reliability", RELIABILITY_KEYS)
+    if sec is None:
+        return None
+    return Reliability(
+        node_mtbf_s=sec.quantity("node_mtbf", parse_time, expected="a duration like '1000 h'"),
+        restart_s=sec.quantity(
+            "restart", parse_time, minimum=0.0, inclusive=True, expected="a duration like '10 min'"
+        ),
+    )
+
+
+def _metric_key(sec: _Section, key: str, kind: str, also: tuple[str, ...] = ()) -> str:
+    """The result column a measured/expect ``key`` names; ``also`` = other keys allowed there."""
+    col = canonical_metric(key)
+    allowed = metric_columns(kind)
+    if col not in allowed:
+        names = allowed + tuple(a for a, c in _ALIASES.items() if c in allowed) + also
+        if col in TRAINING_COLUMNS + INFERENCE_COLUMNS + COMMON_COLUMNS:
+            raise sec.err(
+                key, f"{key!r} is not a metric of a {kind} run (expected one of {', '.join(allowed)})"
+            )
+        raise sec.err(key, f"unknown key {key!r}{suggest(key, names)}")
+    return col
+
+
+def _measured(top: _Section, kind: str) -> tuple[dict[str, float], str, dict[str, str]]:
+    if not top.has("measured"):
+        return {}, "", {}
+    raw = top.raw("measured")
+    if not isinstance(raw, Mapping):
+        raise top.err("measured", f"got {_what(raw)} (expected a mapping of result columns, plus source)")
+    # metric keys are open-ended (result columns): check them one by one, so _Section allows all here
+    sec = _Section(raw, top.file, "measured", tuple(str(k) for k in raw))
+    values: dict[str, float] = {}
+    for key in raw:
+        if key in MEASURED_STRING_KEYS:
+            continue
+        col = _metric_key(sec, key, kind, MEASURED_STRING_KEYS)
+        if col in values:
+            raise sec.err(key, f"{col} is given twice (under {key!r} and an alias)")
+        if col == "fits":
+            raise sec.err(key, "fits is not a measurement (expected a numeric column)")
+        try:
+            values[col] = parse_metric_value(col, raw[key])
+        except ConfigError as exc:
+            raise sec.err(key, exc.message) from None
+    if not values:
+        raise top.err("measured", "gives no measured value (expected a result column such as step_time_s)")
+    source = sec.text("source") if sec.has("source") else None
+    if source is None or not source.strip():
+        raise sec.err("source", "is required with measured values (expected the paper and table, or a URL)")
+    notes: dict[str, str] = {}
+    if any(c in values for c in FLOPS_METRICS) and not sec.has("flops_formula"):
+        given = "/".join(c for c in FLOPS_METRICS if c in values)
+        raise sec.err(
+            "flops_formula",
+            f"is required with {given} (expected the formula the source used: {', '.join(FLOPS_FORMULAS)})",
+        )
+    if sec.has("flops_formula"):
+        notes["flops_formula"] = sec.choice("flops_formula", FLOPS_FORMULAS)
+    if sec.has("peak"):
+        peak = sec.quantity(
+            "peak", parse_flop_rate, expected="the peak the source divided by, e.g. '989 TFLOP/s'"
+        )
+        notes["peak"] = repr(peak)
+    if sec.has("notes"):
+        notes["notes"] = sec.text("notes")
+    return values, source, notes
+
+
+def _tolerance_parser(col: str) -> Callable[[Any], float]:
+    """An absolute tolerance: a plain number in the column's unit, or a unit string."""
+
+    def parse(value: Any) -> float:
+        if isinstance(value, str):
+            return parse_metric_value(col, value)
+        return float_number(value)
+
+    return parse
+
+
+def _expect(top: _Section, kind: str) -> dict[str, Expect]:
+    if not top.has("expect"):
+        return {}
+    raw = top.raw("expect")
+    if not isinstance(raw, Mapping):
+        raise top.err("expect", f"got {_what(raw)} (expected a mapping: column: {{value, rel_tol}})")
+    sec = _Section(raw, top.file, "expect", tuple(str(k) for k in raw))
+    out: dict[str, Expect] = {}
+    for key in raw:
+        col = _metric_key(sec, key, kind)
+        if col in out:
+            raise sec.err(key, f"{col} is given twice (under {key!r} and an alias)")
+        band = sec.section(key, EXPECT_KEYS, required=True, what="a mapping {value: ..., rel_tol: ...}")
+        assert band is not None
+        try:
+            value = parse_metric_value(col, band.raw("value", hint="the expected value"))
+        except ConfigError as exc:
+            raise band.err("value", exc.message) from None
+        if not band.has("rel_tol") and not band.has("abs_tol") and col != "fits":
+            raise band.err("rel_tol", "is required (expected rel_tol, abs_tol or both)")
+        rel = band.quantity("rel_tol", float_number, 0.0, inclusive=True, expected="a fraction, e.g. 0.05")
+        abs_tol = band.quantity(
+            "abs_tol",
+            _tolerance_parser(col),
+            0.0,
+            inclusive=True,
+            expected="a tolerance in the column's unit",
+        )
+        out[col] = Expect(value=value, rel_tol=rel, abs_tol=abs_tol)
+    return out
+
+
+def _extra(top: _Section, kind: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, owner in EXTRA_SECTIONS.items():
+        if not top.has(key):
+            continue
+        if kind != owner:
+            raise top.err(key, f"is a section of kind: {owner} scenarios (this one is kind: {kind})")
+        value = top.raw(key)
+        if not isinstance(value, Mapping):
+            raise top.err(key, f"got {_what(value)} (expected a mapping)")
+        out[key] = copy.deepcopy(dict(value))
+    return out
+
+
+def scenario_from_mapping(
+    data: Any,
+    *,
+    file: str = "<scenario>",
+    overrides: Mapping[str, Any] | None = None,
+    catalog: Catalog | None = None,
+) -> Scenario:
+    """Validate a scenario mapping (schema v1) and build the :class:`Scenario`.
+
+    Parameters
+    ----------
+    data:
+        The parsed YAML mapping.
+    file:
+        Name used in error messages and kept in :attr:`Scenario.file`.
+    overrides:
+        ``{"parallelism.tp": 4}``: dotted paths set on the raw mapping before validation.
+    catalog:
+        The catalog to resolve names in (default: :func:`fmsim.catalog.load_catalog`).
+
+    Raises
+    ------
+    ConfigError, ParallelismError
+        With ``file`` and the dotted ``field`` of the first problem.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"the file holds {_what(data)} (expected a mapping: version, name, workload, ...)", file=file
+        )
+    if overrides:
+        data = apply_overrides(data, overrides, file=file)
+    top = _Section(data, file, "", TOP_KEYS)
+    version = _version(top)
+    name = top.text("name", nonempty=True)
+    description = top.text("description", "")
+    seed = top.integer("seed", 0, minimum=0)
+    cat = catalog if catalog is not None else load_catalog()
+    workload, wl_sec = _workload(top, cat)
+    cluster = _cluster(top, cat)
+    accel = cluster.instance.accelerator
+    if workload.precision not in accel.peak_flop_per_s:
+        raise wl_sec.err(
+            "precision",
+            f"{workload.precision} is not supported by the {accel.name} of "
+            f"{cluster.instance.name} (expected one of "
+            f"{', '.join(p for p in PRECISIONS if p in accel.peak_flop_per_s)})",
+        )
+    parallelism = _parallelism(top, wl_sec, workload, cluster)
+    pricing = _pricing(top)
+    measured, measured_source, measured_notes = _measured(top, workload.kind)
+    return Scenario(
+        name=name,
+        description=description,
+        version=version,
+        file=file,
+        seed=seed,
+        workload=workload,
+        parallelism=parallelism,
+        cluster=cluster,
+        pricing=pricing,
+        checkpoint=_checkpoint(top),
+        reliability=_reliability(top),
+        measured=measured,
+        measured_source=measured_source,
+        measured_notes=measured_notes,
+        expect=_expect(top, workload.kind),
+        extra=_extra(top, workload.kind),
+    )
+
+
+def load_scenario(
+    path: str | os.PathLike[str],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    catalog: Catalog | None = None,
+) -> Scenario:
+    """Read, check and build the scenario in ``path``.
+
+    The file is refused before parsing when over :data:`MAX_FILE_BYTES`; duplicate keys, more than
+    :data:`MAX_ALIASES` aliases and alias expansion past :data:`MAX_EXPANDED_NODES` are refused
+    with the line. ``overrides`` (``{"parallelism.tp": 4}``) apply before validation.
+    """
+    file = os.fspath(path)
+    text = _read_text(Path(file), file)
+    if not text.strip():
+        raise ConfigError(
+            "the file is empty (expected a scenario mapping: version, name, workload, ...)", file=file
+        )
+    data = load_yaml_text(text, file=file)
+    if data is None:
+        raise ConfigError(
+            "the file holds no YAML document, only comments (expected a scenario mapping: "
+            "version, name, workload, ...)",
+            file=file,
+        )
+    return scenario_from_mapping(data, file=file, overrides=overrides, catalog=catalog)
+
+
+# ----------------------------------------------------------------------------------------------
+# writing back
+
+
+def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict[str, Any]:
+    """A YAML-able mapping that loads back to an equal scenario (SI numbers, no unit strings)."""
+    cat = catalog if catalog is not None else load_catalog()
+    wl, par, cl = sc.workload, sc.parallelism, sc.cluster
+    model: Any = wl.model.name if cat.models.get(wl.model.name) == wl.model else wl.model.to_mapping()
+    workload: dict[str, Any] = {"kind": wl.kind, "model": model, "precision": wl.precision}
+    if wl.seq_len:
+        workload["seq_len"] = wl.seq_len
+    if wl.global_batch:
+        workload["global_batch"] = wl.global_batch
+    workload["micro_batch"] = wl.micro_batch
+    if wl.train_tokens is not None:
+        workload["train_tokens"] = wl.train_tokens
+    parallelism = {
+        "tp": par.tp,
+        "pp": par.pp,
+        "dp": par.dp,
+        "cp": par.cp,
+        "ep": par.ep,
+        "vpp": par.vpp,
+        "schedule": par.schedule,
+        "sequence_parallel": par.sequence_parallel,
+        "recompute": par.recompute,
+        "zero": par.zero,
+        "overlap": {
+            "grad_reduce": par.overlap.grad_reduce,
+            "param_gather": par.overlap.param_gather,
+            "tp_comm": par.overlap.tp_comm,
+        },
+        "order": list(par.order),
+    }
+    cluster: dict[str, Any] = {"instance": cl.instance.name, "nodes": cl.nodes, "placement": cl.placement}
+    base = cat.instance(cl.instance.name)
+    network: dict[str, Any] = {}
+    if cl.instance != base:
+        network = {
+            "fabric": cl.instance.fabric.name,
+            "nics_per_node": cl.instance.num_nics,
+            "nic_bandwidth": cl.instance.nic_bytes_per_s,
+        }
+    if cl.oversubscription != 1.0:
+        network["oversubscription"] = cl.oversubscription
+    if network:
+        cluster["network"] = network
+    if cl.storage is not None:
+        cluster["storage"] = dict(cl.storage)
+    out: dict[str, Any] = {"version": sc.version, "name": sc.name}
+    if sc.description:
+        out["description"] = sc.description
+    out["seed"] = sc.seed
+    out["workload"] = workload
+    out["parallelism"] = parallelism
+    out["cluster"] = cluster
+    out["pricing"] = (
+        sc.pricing.option if sc.pricing.option is not None else {"usd_per_hour": sc.pricing.usd_per_hour}
+    )
+    if sc.checkpoint is not None:
+        out["checkpoint"] = {"every": sc.checkpoint.every_s, "async": sc.checkpoint.async_}
+    if sc.reliability is not None:
+        out["reliability"] = {"node_mtbf": sc.reliability.node_mtbf_s, "restart": sc.reliability.restart_s}
+    if sc.measured:
+        measured: dict[str, Any] = dict(sc.measured)
+        measured["source"] = sc.measured_source
+        for key in ("flops_formula", "notes"):
+            if key in sc.measured_notes:
+                measured[key] = sc.measured_notes[key]
+        if sc.measured_peak_flop_per_s is not None:
+            measured["peak"] = sc.measured_peak_flop_per_s
+        out["measured"] = measured
+    if sc.expect:
+        out["expect"] = {
+            k: {
+                "value": (bool(e.value) if k == "fits" else e.value),
+                "rel_tol": e.rel_tol,
+                "abs_tol": e.abs_tol,
+            }
+            for k, e in sc.expect.items()
+        }
+    for key, value in sc.extra.items():
+        out[key] = copy.deepcopy(dict(value))
+    return out

@@ -1,0 +1,231 @@
+"""``fmsim check`` and ``fmsim validate``: predictions against bands and against measurements.
+
+Owns the comparison rules. *check* runs scenarios that carry ``expect:`` and says which metric
+left its band (``|predicted - value| <= max(rel_tol * |value|, abs_tol)``). *validate* runs
+scenarios that carry ``measured:`` and reports, per scenario and measured key, the prediction,
+the measurement and the signed error ``100 * (predicted - measured) / measured``, then the median
+and worst absolute error over every compared key. ``model_tflops_per_gpu``, ``mfu`` and ``hfu``
+are predicted with the FLOPs formula the source used (``measured.flops_formula``):
+``model_flops_per_step / step_time_s / gpus``, divided by the source's peak (``measured.peak``,
+else the accelerator's dense peak in the scenario's precision) for MFU and HFU.
+
+A scenario whose simulation raises a :class:`FmsimError` becomes one error row; the others go on.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import FmsimError
+from .results import Result
+from .scenario import FLOPS_METRICS, Expect, Scenario
+
+__all__ = [
+    "CheckRow",
+    "ValidationRow",
+    "ValidationSummary",
+    "check_scenarios",
+    "error_line",
+    "predicted_value",
+    "summarize",
+    "validate_scenarios",
+]
+
+Runner = Callable[[Scenario], Result]
+
+
+def error_line(sc: Scenario, exc: BaseException) -> str:
+    """``FILE: message`` for an error raised while running ``sc`` (no double file prefix)."""
+    msg = str(exc)
+    where = sc.file or sc.name
+    return msg if msg.startswith(f"{where}:") else f"{where}: {msg}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckRow:
+    """One ``expect:`` entry of one scenario, checked (or the scenario's error)."""
+
+    scenario: str
+    file: str | None
+    key: str
+    predicted: float | None
+    expect: Expect | None
+    ok: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationRow:
+    """One measured key of one scenario: prediction, measurement and signed error in %."""
+
+    scenario: str
+    file: str | None
+    key: str
+    predicted: float | None
+    measured: float | None
+    error_pct: float | None
+    source: str
+    formula: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "file": self.file,
+            "key": self.key,
+            "predicted": self.predicted,
+            "measured": self.measured,
+            "error_pct": self.error_pct,
+            "flops_formula": self.formula,
+            "source": self.source,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationSummary:
+    compared: int  # keys with a numeric error
+    errors: int  # scenarios that raised
+    median_abs_pct: float | None
+    worst_abs_pct: float | None
+    worst: ValidationRow | None
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None or isinstance(value, str):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def predicted_value(sc: Scenario, result: Result, key: str) -> float | None:
+    """The prediction compared with ``measured[key]`` (see the module docstring for FLOP metrics)."""
+    if key not in FLOPS_METRICS:
+        return _as_float(result.get(key))
+    formula = sc.flops_formula
+    if formula is None:  # the loader requires it; keep the rule in one place
+        raise FmsimError(f"measured.{key} needs measured.flops_formula")
+    step = _as_float(result.get("step_time_s"))
+    if step is None or step <= 0:
+        return None
+    from .model.flops import model_flops_per_step  # model layer; imported when needed
+
+    wl = sc.workload
+    if key == "hfu":  # hardware FLOPs: the recomputed forward counts
+        flops = model_flops_per_step(
+            wl.model, wl.seq_len, wl.global_batch, formula, recompute=sc.parallelism.recompute
+        )
+    else:
+        flops = model_flops_per_step(wl.model, wl.seq_len, wl.global_batch, formula)
+    flop_per_s_per_gpu = flops / step / sc.cluster.gpus
+    if key == "model_tflops_per_gpu":
+        return flop_per_s_per_gpu / 1e12
+    peak = sc.measured_peak_flop_per_s or sc.cluster.instance.accelerator.peak(wl.precision)
+    return flop_per_s_per_gpu / peak
+
+
+def check_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[CheckRow]:
+    """Run each scenario with ``expect:`` and compare every expected key with its band."""
+    rows: list[CheckRow] = []
+    for sc in scenarios:
+        if not sc.expect:
+            continue
+        try:
+            result = run(sc)
+        except FmsimError as exc:
+            rows.append(
+                CheckRow(
+                    scenario=sc.name,
+                    file=sc.file,
+                    key="-",
+                    predicted=None,
+                    expect=None,
+                    ok=False,
+                    error=error_line(sc, exc),
+                )
+            )
+            continue
+        for key, band in sc.expect.items():
+            value = result.get(key)
+            predicted = (1.0 if value else 0.0) if isinstance(value, bool) else _as_float(value)
+            rows.append(
+                CheckRow(
+                    scenario=sc.name,
+                    file=sc.file,
+                    key=key,
+                    predicted=predicted,
+                    expect=band,
+                    ok=band.contains(predicted),
+                    error=None if predicted is not None else f"the result has no {key}",
+                )
+            )
+    return rows
+
+
+def validate_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[ValidationRow]:
+    """Run each scenario with ``measured:``; one row per measured key (or one error row)."""
+    rows: list[ValidationRow] = []
+    for sc in scenarios:
+        if not sc.measured:
+            continue
+        formula = sc.flops_formula
+        try:
+            result = run(sc)
+            predictions = {key: predicted_value(sc, result, key) for key in sc.measured}
+        except FmsimError as exc:
+            rows.append(
+                ValidationRow(
+                    scenario=sc.name,
+                    file=sc.file,
+                    key="-",
+                    predicted=None,
+                    measured=None,
+                    error_pct=None,
+                    source=sc.measured_source,
+                    formula=formula,
+                    error=error_line(sc, exc),
+                )
+            )
+            continue
+        for key, measured in sc.measured.items():
+            pred = predictions[key]
+            err = None if pred is None else 100.0 * (pred - measured) / measured
+            rows.append(
+                ValidationRow(
+                    scenario=sc.name,
+                    file=sc.file,
+                    key=key,
+                    predicted=pred,
+                    measured=measured,
+                    error_pct=err,
+                    source=sc.measured_source,
+                    formula=formula if key in FLOPS_METRICS else None,
+                    error=None if pred is not None else f"the result has no {key}",
+                )
+            )
+    return rows
+
+
+def summarize(rows: Sequence[ValidationRow]) -> ValidationSummary:
+    """Median and worst absolute error (%) over the rows that have one; count of error rows."""
+    scored = [r for r in rows if r.error_pct is not None]
+    errors = len({(r.file, r.scenario) for r in rows if r.error is not None and r.key == "-"})
+    if not scored:
+        return ValidationSummary(
+            compared=0, errors=errors, median_abs_pct=None, worst_abs_pct=None, worst=None
+        )
+    worst = max(scored, key=lambda r: abs(r.error_pct or 0.0))
+    return ValidationSummary(
+        compared=len(scored),
+        errors=errors,
+        median_abs_pct=statistics.median(abs(r.error_pct or 0.0) for r in scored),
+        worst_abs_pct=abs(worst.error_pct or 0.0),
+        worst=worst,
+    )

@@ -1,0 +1,358 @@
+"""The hardware catalog: every entry loads with a source, the numbers match the AWS fact sheet
+(/work/shared/reference/aws_catalog.md), and malformed entries are refused with a located error."""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fmsim.catalog import PRICING_OPTIONS, Catalog, Price, load_catalog
+from fmsim.errors import ConfigError
+
+CAT = load_catalog()
+
+ISSUE_INSTANCES = [
+    "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge",
+    "p6-b300.48xlarge", "u-p6e-gb200x36", "u-p6e-gb200x72", "p6e-gb200.36xlarge", "trn1.32xlarge",
+    "trn1n.32xlarge", "trn2.48xlarge", "trn2u.48xlarge", "g6e.48xlarge", "inf2.48xlarge",
+]
+REFERENCE_SYSTEMS = ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72"]
+ISSUE_ACCELERATORS = ["a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "gb200", "b300", "trainium1",
+                      "trainium2", "inferentia2", "l40s"]
+
+# instance: (accelerator, accelerators per node, NICs, Gbps per NIC, fabric) -- aws_catalog.md tables 1a/1b,
+# the DGX documents cited in reference_systems.yaml.
+EXPECTED = {
+    "p4d.24xlarge": ("a100-40gb", 8, 4, 100, "efa-v1"),
+    "p4de.24xlarge": ("a100-80gb", 8, 4, 100, "efa-v1"),
+    "p5.48xlarge": ("h100-sxm", 8, 32, 100, "efa-v2"),
+    "p5e.48xlarge": ("h200", 8, 32, 100, "efa-v2"),
+    "p5en.48xlarge": ("h200", 8, 16, 200, "efa-v3"),
+    "p6-b200.48xlarge": ("b200", 8, 8, 400, "efa-v4"),
+    "p6-b300.48xlarge": ("b300", 8, 16, 400, "efa-v4"),
+    "p6e-gb200.36xlarge": ("gb200", 4, 4, 400, "efa-v4"),
+    "u-p6e-gb200x36": ("gb200", 4, 4, 400, "efa-v4"),
+    "u-p6e-gb200x72": ("gb200", 4, 4, 400, "efa-v4"),
+    "trn1.32xlarge": ("trainium1", 16, 8, 100, None),
+    "trn1n.32xlarge": ("trainium1", 16, 16, 100, None),
+    "trn2.48xlarge": ("trainium2", 16, 16, 200, "efa-v3"),
+    "trn2u.48xlarge": ("trainium2", 16, 16, 200, "efa-v3"),
+    "g6e.48xlarge": ("l40s", 8, 4, 100, None),
+    "inf2.48xlarge": ("inferentia2", 12, 1, 100, None),
+    "dgx-a100-40gb": ("a100-40gb", 8, 8, 200, "ib-hdr"),
+    "dgx-a100-80gb": ("a100-80gb", 8, 8, 200, "ib-hdr"),
+    "dgx-h100": ("h100-sxm", 8, 8, 400, "ib-ndr"),
+    "dgx-h200": ("h200", 8, 8, 400, "ib-ndr"),
+    "dgx-b200": ("b200", 8, 8, 400, "ib-ndr"),
+    "gb200-nvl72": ("gb200", 4, 4, 400, "ib-ndr"),
+}
+# Total EFA per node in Gbps, as the fact sheet states it (not derived from the rows above).
+EFA_TOTAL_GBPS = {
+    "p4d.24xlarge": 400, "p4de.24xlarge": 400, "p5.48xlarge": 3200, "p5e.48xlarge": 3200,
+    "p5en.48xlarge": 3200, "p6-b200.48xlarge": 3200, "p6-b300.48xlarge": 6400, "p6e-gb200.36xlarge": 1600,
+    "u-p6e-gb200x72": 28800 / 18, "u-p6e-gb200x36": 14400 / 9, "trn1.32xlarge": 800, "trn1n.32xlarge": 1600,
+    "trn2.48xlarge": 3200, "g6e.48xlarge": 400,
+}
+# Measured large bf16 matmul / dense peak, TFLOP/s (S15 mamf-finder).
+MEASURED_BF16_MATMUL = {
+    "a100-40gb": (271.2, 312), "a100-80gb": (271.2, 312), "h100-sxm": (794.5, 989), "b200": (1745, 2250),
+    "gb200": (1822, 2500), "b300": (1769, 2250),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# presence and sources
+
+
+def test_every_instance_the_issue_lists_is_present_as_aws():
+    for name in ISSUE_INSTANCES:
+        assert CAT.instance(name).provider == "aws", name
+
+
+def test_reference_systems_are_present_marked_reference_and_unpriced():
+    for name in REFERENCE_SYSTEMS:
+        inst = CAT.instance(name)
+        assert inst.is_reference, name
+        assert name not in CAT.prices, name
+        for option in PRICING_OPTIONS:
+            assert CAT.price(name, option) is None
+
+
+def test_every_accelerator_the_issue_lists_is_present():
+    assert set(ISSUE_ACCELERATORS) <= set(CAT.accelerators)
+
+
+def test_every_accelerator_has_a_source_and_says_where_its_efficiencies_come_from():
+    for name, acc in CAT.accelerators.items():
+        assert acc.source.strip(), name
+        assert acc.calibration.strip(), f"{name}: efficiency.source is empty"
+
+
+def test_every_instance_has_a_source_and_its_scale_up_a_source():
+    for name, inst in CAT.instances.items():
+        assert inst.source.strip(), name
+        assert inst.scale_up.source.strip(), name
+
+
+def test_every_price_has_a_date_a_source_and_a_positive_rate():
+    assert CAT.prices, "no prices loaded"
+    for name, rows in CAT.prices.items():
+        assert rows, name
+        for p in rows:
+            assert p.source.strip(), (name, p)
+            dt.date.fromisoformat(p.date if len(p.date) == 10 else p.date + "-01")
+            assert p.usd_per_hour > 0, (name, p)
+            assert p.option in PRICING_OPTIONS
+
+
+def test_every_storage_entry_has_a_source_and_every_storage_price_a_date():
+    assert {"s3-standard", "s3-express-one-zone", "mountpoint-s3"} <= set(CAT.storage)
+    for name, tier in CAT.storage.items():
+        assert tier.source.strip(), name
+        if tier.usd_per_gb_month is not None:
+            assert tier.price_date, name
+
+
+def test_fsx_has_one_entry_per_deployment_type_and_throughput_tier():
+    def tiers(dep: str, media: str = "ssd") -> list[float]:
+        return [t.throughput_per_tib_bytes_per_s / 1e6 for t in CAT.storage_tiers("fsx-lustre", dep)
+                if t.media == media]
+
+    assert tiers("persistent-2") == [125, 250, 500, 1000]
+    assert tiers("persistent-1") == [50, 100, 200]
+    assert tiers("persistent-1", "hdd") == [12, 40]
+    assert tiers("scratch-2") == [200]
+
+
+# ------------------------------------------------------------------------------------------------
+# numbers against the reference
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_accelerator_count_and_network_match_the_reference(name):
+    acc, count, nics, gbps, fabric = EXPECTED[name]
+    inst = CAT.instance(name)
+    assert inst.accelerator.name == acc
+    assert inst.num_accelerators == count
+    assert inst.num_nics == nics
+    assert inst.nic_bytes_per_s == pytest.approx(gbps * 1e9 / 8)
+    if fabric:
+        assert inst.fabric.name == fabric
+    if name in EFA_TOTAL_GBPS:
+        assert inst.scale_out_bytes_per_s * 8 / 1e9 == pytest.approx(EFA_TOTAL_GBPS[name])
+
+
+def test_p5_is_8_h100_with_32_nics_of_100_gbps_3200_in_all():
+    p5 = CAT.instance("p5.48xlarge")
+    assert (p5.accelerator.name, p5.num_accelerators, p5.num_nics) == ("h100-sxm", 8, 32)
+    assert p5.scale_out_bytes_per_s == pytest.approx(3200e9 / 8)
+
+
+def test_p5en_per_nic_200_gbps_parses_to_25e9_bytes_per_s():
+    assert CAT.instance("p5en.48xlarge").nic_bytes_per_s == pytest.approx(25e9)
+
+
+def test_catalog_quantities_are_parsed_into_si_units():
+    h100 = CAT.accelerator("h100-sxm")
+    assert h100.hbm_bytes == 81920 * 2**20                    # "81920 MiB", binary
+    assert h100.hbm_bytes_per_s == pytest.approx(3.35e12)     # "3.35 TB/s", decimal bytes
+    assert h100.peak("bf16") == pytest.approx(989e12)         # "989 TFLOP/s"
+    assert h100.scale_up_bytes_per_s == pytest.approx(450e9)  # "450 GB/s"
+    assert CAT.accelerator("trainium1").hbm_bytes_per_s == pytest.approx(820 * 2**30)   # "820 GiB/s"
+    p5 = CAT.instance("p5.48xlarge")
+    assert p5.host_memory_bytes == 2048 * 2**30               # "2048 GiB"
+    assert p5.local_nvme_bytes == pytest.approx(30.4e12)      # "30.4 TB"
+    fsx = CAT.storage_tier("fsx-lustre-persistent-2-250")
+    assert fsx.throughput_per_tib_bytes_per_s == pytest.approx(250e6)       # "250 MB/s"
+    assert fsx.per_client_efa_bytes_per_s == pytest.approx(1200e9 / 8)      # "1200 Gbps"
+
+
+def test_scale_up_bandwidth_is_half_the_bidirectional_nvlink_figure():
+    bidirectional_gb_s = {"a100-40gb": 600, "h100-sxm": 900, "h200": 900, "b200": 1800, "gb200": 1800,
+                          "b300": 1800}
+    for name, bidir in bidirectional_gb_s.items():
+        assert CAT.accelerator(name).scale_up_bytes_per_s == pytest.approx(bidir / 2 * 1e9), name
+
+
+def test_gemm_efficiency_is_the_measured_matmul_fraction_of_peak():
+    for name, (measured, peak) in MEASURED_BF16_MATMUL.items():
+        acc = CAT.accelerator(name)
+        assert acc.peak("bf16") == pytest.approx(peak * 1e12)
+        assert acc.gemm_efficiency["bf16"] == pytest.approx(measured / peak, abs=0.006), name
+
+
+def test_narrow_precisions_never_get_a_higher_gemm_fraction_than_bf16():
+    for name, acc in CAT.accelerators.items():
+        for p in ("fp8", "fp4"):
+            if p in acc.gemm_efficiency:
+                assert acc.gemm_efficiency[p] <= acc.gemm_efficiency["bf16"], (name, p)
+
+
+def test_every_efficiency_is_a_fraction_and_every_peak_positive():
+    for name, acc in CAT.accelerators.items():
+        assert 0 < acc.hbm_efficiency <= 1, name
+        assert all(0 < f <= 1 for f in acc.gemm_efficiency.values()), name
+        assert all(v > 0 for v in acc.peak_flop_per_s.values()), name
+
+
+def test_ultraservers_are_4_gpu_nodes_sold_in_units_spanning_the_nvlink_domain():
+    x72, x36 = CAT.instance("u-p6e-gb200x72"), CAT.instance("u-p6e-gb200x36")
+    assert (x72.num_accelerators, x72.nodes_per_unit, x72.accelerators_per_unit) == (4, 18, 72)
+    assert (x36.num_accelerators, x36.nodes_per_unit, x36.accelerators_per_unit) == (4, 9, 36)
+    assert x72.scale_up.domain_size == 72 and x72.scale_up.kind == "nvl-domain"
+    assert x36.scale_up.domain_size == 36
+    nvl = CAT.instance("gb200-nvl72")
+    assert (nvl.accelerators_per_unit, nvl.scale_up.domain_size) == (72, 72)
+
+
+def test_trn2_ultraserver_is_a_64_chip_torus_with_slower_ring_across_instances():
+    su = CAT.instance("trn2u.48xlarge").scale_up
+    assert (su.domain_size, su.topology, su.cross_node_topology) == (64, "torus2d", "ring")
+    assert su.bytes_per_s == pytest.approx(512e9)
+    assert su.cross_node_bytes_per_s == pytest.approx(128e9)
+    assert CAT.instance("trn2u.48xlarge").accelerators_per_unit == 64
+    assert CAT.instance("trn2.48xlarge").scale_up.cross_node_bytes_per_s == 0
+
+
+def test_ultraserver_price_is_per_node_so_a_unit_costs_nodes_per_unit_times_it():
+    for name, unit_usd in (("u-p6e-gb200x72", 761.904), ("u-p6e-gb200x36", 380.952)):
+        p = CAT.price(name, "capacity-block")
+        assert p is not None
+        assert p.usd_per_hour * CAT.instance(name).nodes_per_unit == pytest.approx(unit_usd)
+
+
+def test_price_is_the_newest_row_of_the_option():
+    assert CAT.price("p5.48xlarge").usd_per_hour == pytest.approx(55.04)          # after the June 2025 cut
+    assert CAT.price("p5.48xlarge", "capacity-block").date == "2026-07-22"
+    # "2026-08" (a month) counts as 2026-08-01, newer than 2026-01-21
+    assert CAT.price("p4d.24xlarge", "savings-plan-1yr").usd_per_hour == pytest.approx(13.92)
+    assert CAT.price("p5e.48xlarge", "on-demand") is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dates(min_value=dt.date(2020, 1, 1), max_value=dt.date(2030, 12, 31)),
+                min_size=1, max_size=6, unique=True))
+def test_price_returns_the_row_with_the_latest_date_whatever_the_order(dates):
+    rows = tuple(Price(option="on-demand", usd_per_hour=float(i + 1), date=d.isoformat(), region="r",
+                       source="s") for i, d in enumerate(dates))
+    cat = Catalog(accelerators={}, fabrics={}, instances={}, prices={"x": rows}, storage={}, models={})
+    assert cat.price("x").date == max(dates).isoformat()
+
+
+def test_ultracluster_is_non_blocking_not_rail_optimized_and_p5_scales_to_20000_gpus():
+    p5 = CAT.ultracluster_for("p5.48xlarge")
+    assert p5["oversubscription"] == 1.0 and p5["rail_optimized"] is False
+    assert p5["max_accelerators"] == 20000
+    assert "S38" in p5["source"] and "S31" in p5["source"]
+    assert CAT.ultracluster_for("trn1.32xlarge")["max_accelerators"] == 100000
+    assert "max_accelerators" not in CAT.ultracluster_for("g6e.48xlarge")
+
+
+# ------------------------------------------------------------------------------------------------
+# refusals, on a temporary catalog tree
+
+
+def _minimal() -> dict:
+    return {
+        "accelerators": {"chip": {
+            "vendor": "X", "peak": {"bf16": "100 TFLOP/s"}, "hbm": "80 GiB", "hbm_bandwidth": "2 TB/s",
+            "scale_up_bandwidth": "100 GB/s",
+            "efficiency": {"gemm": {"bf16": 0.8}, "hbm": 0.85, "source": "test"}, "source": "test"}},
+        "fabrics": {"net": {"kind": "efa", "nic_bandwidth": "100 Gbps", "latency": "10 us",
+                            "efficiency": 0.8, "source": "test"}},
+        "links": {"lnk": {"latency": "2 us", "efficiency": 0.8, "source": "test"}},
+        "instances": {
+            "box": {"accelerator": "chip", "accelerators": 8, "scale_up": {"kind": "nvswitch", "link": "lnk"},
+                    "network": {"fabric": "net", "nics": 4}, "source": "test"},
+            "ref": {"provider": "reference", "accelerator": "chip", "accelerators": 8,
+                    "scale_up": {"kind": "nvswitch", "link": "lnk"}, "network": {"fabric": "net", "nics": 4},
+                    "source": "test"}},
+        "prices": {"box": {"on-demand": [{"usd_per_hour": 10.0, "date": "2026-01-01", "source": "test"}]}},
+        "storage": {"fsx": {"kind": "fsx-lustre", "throughput_per_tib": "250 MB/s", "usd_per_gb_month": 0.1,
+                            "price_date": "2026-01", "source": "test"}},
+    }
+
+
+def _load(tmp_path: Path, data: dict) -> Catalog:
+    (tmp_path / "hardware_catalog").mkdir()
+    (tmp_path / "hardware_catalog" / "hw.yaml").write_text(yaml.safe_dump(data))
+    return load_catalog(root=str(tmp_path))
+
+
+def test_the_minimal_temporary_catalog_loads(tmp_path):
+    cat = _load(tmp_path, _minimal())
+    assert cat.instance("box").nic_bytes_per_s == pytest.approx(12.5e9)   # fabric default per-NIC rate
+    assert cat.instance("box").scale_up.bytes_per_s == pytest.approx(100e9)
+
+
+@pytest.mark.parametrize("section, path, field", [
+    ("accelerators", ["chip"], "accelerators.chip.source"),
+    ("instances", ["box"], "instances.box.source"),
+    ("prices", ["box", "on-demand", 0], "prices.box.on-demand[0].source"),
+    ("storage", ["fsx"], "storage.fsx.source"),
+])
+def test_an_entry_without_a_source_is_refused_with_a_located_error(tmp_path, section, path, field):
+    data = _minimal()
+    entry = data[section]
+    for key in path:
+        entry = entry[key]
+    del entry["source"]
+    with pytest.raises(ConfigError) as err:
+        _load(tmp_path, data)
+    assert err.value.field == field
+    assert err.value.file.endswith("hw.yaml")
+    assert str(err.value).startswith(f"{err.value.file}: {field}: ")
+
+
+def test_an_empty_source_is_refused(tmp_path):
+    data = _minimal()
+    data["instances"]["box"]["source"] = "  "
+    with pytest.raises(ConfigError, match="instances.box.source: is empty"):
+        _load(tmp_path, data)
+
+
+def test_a_price_without_a_date_is_refused(tmp_path):
+    data = _minimal()
+    del data["prices"]["box"]["on-demand"][0]["date"]
+    with pytest.raises(ConfigError, match=r"prices\.box\.on-demand\[0\]\.date: is required"):
+        _load(tmp_path, data)
+
+
+def test_a_storage_price_without_a_date_is_refused(tmp_path):
+    data = _minimal()
+    del data["storage"]["fsx"]["price_date"]
+    with pytest.raises(ConfigError, match=r"storage\.fsx\.price_date: is required"):
+        _load(tmp_path, data)
+
+
+def test_an_unknown_key_is_refused_with_did_you_mean(tmp_path):
+    data = _minimal()
+    data["instances"]["box"]["host_memroy"] = "1 TiB"
+    with pytest.raises(ConfigError,
+                       match=r"instances\.box\.host_memroy: unknown key \(did you mean 'host_memory'"):
+        _load(tmp_path, data)
+
+
+def test_a_price_for_a_reference_system_is_refused(tmp_path):
+    data = _minimal()
+    data["prices"]["ref"] = {"on-demand": [{"usd_per_hour": 1.0, "date": "2026-01-01", "source": "test"}]}
+    with pytest.raises(ConfigError, match="prices.ref: reference systems"):
+        _load(tmp_path, data)
+
+
+def test_a_bad_unit_is_refused_with_the_field_path(tmp_path):
+    data = _minimal()
+    data["accelerators"]["chip"]["hbm_bandwidth"] = "2 TFLOP/s"
+    with pytest.raises(ConfigError, match=r"accelerators\.chip\.hbm_bandwidth: cannot read"):
+        _load(tmp_path, data)
+
+
+def test_an_unknown_topology_is_refused_with_the_known_ones(tmp_path):
+    data = _minimal()
+    data["instances"]["box"]["scale_up"]["topology"] = "tourus2d"
+    with pytest.raises(ConfigError, match=r"instances\.box\.scale_up\.topology: .*did you mean 'torus2d'"):
+        _load(tmp_path, data)
