@@ -1,0 +1,138 @@
+"""Memory per device of a training plan: weights, gradients, optimizer states, activations.
+
+Sources:
+* Mixed-precision Adam: 2 B bf16 weights + 4 B fp32 main gradients + 12 B fp32 master weights,
+  momentum and variance per parameter; ZeRO stage k shards the last k of (optimizer, gradients,
+  weights) over the data-parallel group (Rajbhandari et al. 2020, §5; Megatron's distributed
+  optimizer = ZeRO-1, Korthikanti et al. 2022 §3 "6 + 12/d bytes").
+* Activations per layer and micro-batch: Korthikanti et al. 2022, §4 eq. (1)-(6), generalised
+  from GPT's 34·s·b·h to any attention/MLP width (GQA, SwiGLU, MoE) and with flash attention,
+  which stores the attention output and log-sum-exp instead of the s² score matrix (Dao 2022).
+* In-flight micro-batches: 1F1B stage i holds p - i; interleaving multiplies the first stage's
+  load by (1 + (p-1)/(p·v)) (Korthikanti et al. 2022 §4.2.3); GPipe holds all m.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .architecture import ModelSpec
+from .flops import attention_dims
+
+WEIGHT_BYTES = 2.0        # bf16 weights (fp8 recipes keep bf16 weights and cast per GEMM)
+GRAD_BYTES = 4.0          # fp32 main gradients (Megatron accumulate-in-fp32)
+OPTIMIZER_BYTES = 12.0    # fp32 master weights + Adam m and v
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Bytes per device by part, for the most loaded pipeline stage."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float                 # loss-side activations on the last stage (fp32 logits)
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def as_dict(self) -> dict[str, float]:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "logits": self.logits}
+
+
+def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,
+                           cp: int, sequence_parallel: bool, recompute: str, ep: int = 1) -> float:
+    """Stored activation bytes of one layer for one micro-batch on one device.
+
+    Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
+    attention block = 2h (QKV input) + 2(d_q + d_kv) (Q, K, V) + 2 d_v (output);
+    MLP block = 2h (input) + 2·up (activation input) + 2·ffn (down-projection input);
+    two norms = 4h. Tensors inside TP regions are split by tp; with sequence parallelism the
+    norm/residual regions are split too (eq. 5). Full recompute keeps only the layer input (eq. 6).
+    """
+    tokens = micro_batch * seq_len / cp
+    h = model.hidden
+    seq_split = tp if sequence_parallel else 1
+    if recompute == "full":
+        return 2.0 * tokens * h / seq_split
+    dqk, dv = attention_dims(model)
+    if model.attention == "mla" and model.mla is not None:
+        kv = model.heads * (model.mla.qk_nope_dim + model.mla.v_head_dim)
+    else:
+        kv = 2 * model.kv_heads * model.head_dim
+    attn_tp = 2.0 * (dqk + kv + dv)
+    replicated = 2.0 * h + 4.0 * h + 2.0 * h        # QKV input, norms, MLP input (SP-split)
+    if model.is_moe_layer(layer):
+        m = model.moe
+        assert m is not None
+        up = m.expert_ffn_hidden * (2 if model.gated else 1)
+        routed = m.top_k * (2.0 * h + 2.0 * up + 2.0 * m.expert_ffn_hidden)   # per token, over EP ranks
+        shared = 0.0
+        if m.shared_experts:
+            sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
+            shared = 2.0 * sw * (2 if model.gated else 1) + 2.0 * sw
+        mlp_tp = shared
+        # routed rows: with balanced routing each EP rank receives as many token-expert pairs as its
+        # own batch sends out (tokens·top_k), so the per-token figure holds per device
+        per_token = replicated / seq_split + (attn_tp + mlp_tp + routed) / tp
+    else:
+        ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
+        up = ffn * (2 if model.gated else 1)
+        mlp_tp = 2.0 * up + 2.0 * ffn
+        per_token = replicated / seq_split + (attn_tp + mlp_tp) / tp
+    return tokens * per_token
+
+
+def in_flight_microbatches(schedule: str, pp: int, vpp: int, num_microbatches: int, stage: int = 0) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the layers
+    of one *physical* stage (so interleaving is a fractional factor)."""
+    if schedule == "gpipe":
+        return float(num_microbatches)
+    held = min(pp - stage, num_microbatches)
+    if vpp > 1 and stage == 0:
+        return min(pp * (1.0 + (pp - 1) / (pp * vpp)), float(num_microbatches))
+    return float(held)
+
+
+def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, last: bool,
+                    micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
+                    vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
+                    num_microbatches: int, stage: int) -> MemoryBreakdown:
+    """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
+    dense_params = 0.0
+    expert_params = 0.0
+    for i in stage_layers:
+        total, _ = model.layer_params(i)
+        if model.is_moe_layer(i):
+            m = model.moe
+            assert m is not None
+            experts = m.experts * model.mlp_params(m.expert_ffn_hidden)
+            expert_params += experts
+            dense_params += total - experts
+        else:
+            dense_params += total
+    if first:
+        dense_params += model.vocab * model.hidden
+    if last and (not model.tied_embeddings or pp > 1):
+        dense_params += model.vocab * model.hidden + model.hidden
+    local = dense_params / tp + expert_params / (tp * ep)
+    # data-parallel sharding group: dense params over dp·cp, expert params over dp·cp/ep
+    dense_dp = dp * cp
+    expert_dp = max(1, dp * cp // ep)
+    shard_dense = dense_params / tp / dense_dp
+    shard_expert = expert_params / (tp * ep) / expert_dp
+    sharded = shard_dense + shard_expert
+    weights = WEIGHT_BYTES * (sharded if zero >= 3 else local)
+    grads = GRAD_BYTES * (sharded if zero >= 2 else local)
+    opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
+    per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
+                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep)
+                 for i in stage_layers)
+    acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
+    logits = 0.0
+    if last:
+        # fp32 logits and their gradient over the local vocab shard, one micro-batch at a time
+        logits = 2 * 4.0 * micro_batch * seq_len / cp * model.vocab / tp
+    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits)

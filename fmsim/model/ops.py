@@ -1,0 +1,274 @@
+"""Operator cost model of one transformer layer, sharded by TP (+SP), CP and EP.
+
+Owns the list of operators a decoder layer runs per micro-batch (norms, QKV/out projections,
+attention core, MLP or MoE experts, router, residuals, embedding, logits and loss), their FLOPs
+and HBM bytes for forward and backward, and their time on one accelerator by roofline:
+
+    t_op = max(FLOPs / (peak(precision) · gemm_efficiency), bytes / (HBM bandwidth · hbm_efficiency))
+
+with the accelerator's *global* efficiency figures from the hardware catalog. Communication
+operators are returned as requests (axis, collective, bytes) and costed by the caller through
+``fmsim.hardware.collectives`` so that the engine can overlap and share them.
+
+Sources: Megatron-LM layer structure and SP collectives (Korthikanti et al. 2022, §4.2.2, Fig. 5);
+flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); GEMM backward =
+2 × forward (data and weight gradients, Narayanan et al. 2021 §5.1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..catalog import Accelerator
+from .architecture import ModelSpec
+from .flops import attention_dims
+
+BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
+
+#: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
+ATTENTION_BWD_FACTOR = 2.5
+#: A GEMM's backward computes the data and the weight gradient: 2 × forward.
+GEMM_BWD_FACTOR = 2.0
+#: Elementwise kernels (norms, activations, residuals) move about twice the forward bytes backward.
+MEM_BWD_FACTOR = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """How one micro-batch of one layer is split over the devices of a model replica."""
+
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = True
+    precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
+
+    @property
+    def tokens(self) -> float:
+        """Tokens this replica's CP shard processes per micro-batch (all TP ranks see them all)."""
+        return self.micro_batch * self.seq_len / self.cp
+
+
+@dataclass(frozen=True, slots=True)
+class CommRequest:
+    """A collective an operator needs: over which parallel axis, which op, nccl-tests size."""
+
+    axis: str                        # tp | cp | ep | dp | pp
+    op: str                          # all-gather | reduce-scatter | all-reduce | all-to-all | send-recv
+    size_bytes: float
+    overlappable_s: float = 0.0      # compute it may hide behind (ring attention, TP overlap)
+
+
+@dataclass(slots=True)
+class PassCost:
+    """Compute seconds by kind and the collectives of one forward or backward pass."""
+
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    memory_s: float = 0.0
+    flops: float = 0.0
+    comms: list[CommRequest] = field(default_factory=list)
+
+    @property
+    def compute_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.memory_s
+
+    def add(self, other: "PassCost", times: float = 1.0) -> None:
+        self.gemm_s += other.gemm_s * times
+        self.attention_s += other.attention_s * times
+        self.memory_s += other.memory_s * times
+        self.flops += other.flops * times
+        for _ in range(int(round(times))):
+            self.comms.extend(other.comms)
+
+    def scaled(self, factor: float) -> "PassCost":
+        return PassCost(self.gemm_s * factor, self.attention_s * factor, self.memory_s * factor,
+                        self.flops * factor, list(self.comms))
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    """Achievable rates of one accelerator for one precision setting."""
+
+    gemm_flop_per_s: float           # linear layers, in the run's precision
+    attn_flop_per_s: float           # attention core (bf16/fp16 math in every public recipe)
+    hbm_bytes_per_s: float
+    act_bytes: float                 # bytes per activation element (bf16)
+    gemm_in_bytes: float             # bytes per GEMM input element
+
+    @classmethod
+    def of(cls, acc: Accelerator, precision: str) -> "Roofline":
+        act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
+        if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
+            act_precision = "bf16"
+        attn_eff = getattr(acc, "attention_efficiency", 0.0) or acc.gemm_efficiency.get(act_precision, 0.7)
+        return cls(
+            gemm_flop_per_s=acc.gemm_flop_per_s(precision),
+            attn_flop_per_s=acc.peak(act_precision) * attn_eff,
+            hbm_bytes_per_s=acc.hbm_bytes_per_s * acc.hbm_efficiency,
+            act_bytes=BYTES_PER_ELEMENT[act_precision],
+            gemm_in_bytes=BYTES_PER_ELEMENT[precision],
+        )
+
+    def gemm(self, m: float, n: float, k: float) -> tuple[float, float]:
+        """(seconds, FLOPs) of an (m×k)·(k×n) GEMM: roofline of compute and operand traffic."""
+        flops = 2.0 * m * n * k
+        traffic = (m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes
+        return max(flops / self.gemm_flop_per_s, traffic / self.hbm_bytes_per_s), flops
+
+    def memory(self, elements: float) -> float:
+        """Seconds to stream ``elements`` activation elements through HBM (read + write counted)."""
+        return elements * self.act_bytes / self.hbm_bytes_per_s
+
+
+def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
+    t, f = rf.gemm(m, n, k)
+    cost.gemm_s += t
+    cost.flops += f
+
+
+def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
+    """Norm, QKV projection, attention core (causal flash), output projection, residual."""
+    c = PassCost()
+    h, t, T = model.hidden, sh.tp, sh.tokens
+    dqk, dv = attention_dims(model)
+    if model.attention == "mla" and model.mla is not None:
+        m = model.mla
+        # q: down (replicated over TP in Megatron MLA) then up; kv: joint down-projection, then up
+        if m.q_lora_rank:
+            _gemm(c, rf, T, m.q_lora_rank, h)
+            _gemm(c, rf, T, dqk / t, m.q_lora_rank)
+        else:
+            _gemm(c, rf, T, dqk / t, h)
+        _gemm(c, rf, T, m.kv_lora_rank + m.qk_rope_dim, h)
+        _gemm(c, rf, T, model.heads * (m.qk_nope_dim + m.v_head_dim) / t, m.kv_lora_rank)
+    else:
+        kv_width = 2 * model.kv_heads * model.head_dim
+        _gemm(c, rf, T, (dqk + kv_width) / t, h)
+    # attention core: QK^T and AV over the causal half of the (local query × all key) square;
+    # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
+    s_keys = sh.seq_len
+    attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
+    c.attention_s += attn_flops / rf.attn_flop_per_s
+    c.flops += attn_flops
+    _gemm(c, rf, T, h, dv / t)
+    # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
+    seq_shard = t if sh.sequence_parallel else 1
+    c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
+    if t > 1:
+        if sh.sequence_parallel:
+            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
+            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
+        else:
+            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+    if sh.cp > 1:
+        # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
+        kv_bytes = T * 2 * (model.kv_heads * model.head_dim if model.attention != "mla"
+                            else model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t * rf.act_bytes
+        c.comms.append(CommRequest("cp", "send-recv", kv_bytes * (sh.cp - 1),
+                                   overlappable_s=c.attention_s))
+    return c
+
+
+def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> PassCost:
+    """Norm, up (and gate) projection, activation, down projection, residual."""
+    c = PassCost()
+    h, t, T = model.hidden, sh.tp, sh.tokens
+    up = ffn * (2 if model.gated else 1)
+    _gemm(c, rf, T, up / t, h)
+    _gemm(c, rf, T, h, ffn / t)
+    seq_shard = t if sh.sequence_parallel else 1
+    c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
+    if t > 1:
+        if sh.sequence_parallel:
+            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
+            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
+        else:
+            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+    return c
+
+
+def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
+    """Router, all-to-all dispatch, grouped expert GEMMs, shared experts, all-to-all combine.
+
+    Routing is taken as balanced (the measured NeMo/Megatron-Bridge MoE runs force balance);
+    experts are sharded over ``ep`` and each expert's weights over ``tp`` (Megatron's default
+    expert-tensor-parallel size = tp).
+    """
+    m = model.moe
+    assert m is not None
+    c = PassCost()
+    h, t, T = model.hidden, sh.tp, sh.tokens
+    _gemm(c, rf, T, m.experts, h)                               # router (replicated)
+    routed_tokens = T * m.top_k                                  # token-expert pairs of this replica shard
+    up = m.expert_ffn_hidden * (2 if model.gated else 1)
+    # each EP rank runs its E/ep experts on the tokens routed to them: routed_tokens / ep rows
+    rows = routed_tokens / sh.ep
+    _gemm(c, rf, rows, up / t, h)
+    _gemm(c, rf, rows, h, m.expert_ffn_hidden / t)
+    if m.shared_experts:
+        sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
+        _gemm(c, rf, T, sw * (2 if model.gated else 1) / t, h)
+        _gemm(c, rf, T, h, sw / t)
+    seq_shard = t if sh.sequence_parallel else 1
+    c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / t
+                            + 2 * routed_tokens * h / seq_shard)   # permute / unpermute copies
+    if t > 1:
+        if sh.sequence_parallel:
+            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
+            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
+        else:
+            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+    if sh.ep > 1:
+        a2a = routed_tokens / seq_shard * h * rf.act_bytes      # bytes each rank sends (nccl-tests size)
+        c.comms.append(CommRequest("ep", "all-to-all", a2a))   # dispatch
+        c.comms.append(CommRequest("ep", "all-to-all", a2a))   # combine
+    return c
+
+
+def embedding_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
+    """Embedding lookup (a gather: memory-bound) and, with TP, its all-reduce / reduce-scatter."""
+    c = PassCost()
+    c.memory_s += rf.memory(sh.tokens * model.hidden * 2 / (sh.tp if sh.sequence_parallel else 1))
+    if sh.tp > 1:
+        op = "reduce-scatter" if sh.sequence_parallel else "all-reduce"
+        c.comms.append(CommRequest("tp", op, sh.tokens * model.hidden * rf.act_bytes))
+    return c
+
+
+def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
+    """Final norm, output projection (vocab-parallel over TP) and cross-entropy loss."""
+    c = PassCost()
+    T, h, t = sh.tokens, model.hidden, sh.tp
+    _gemm(c, rf, T, model.vocab / t, h)
+    # softmax cross-entropy in fp32 over the local vocab shard: read logits, write probabilities
+    c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1)) \
+        + T * model.vocab / t * 4 * 3 / rf.hbm_bytes_per_s
+    if t > 1 and sh.sequence_parallel:
+        c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
+    return c
+
+
+def backward_of(fwd: PassCost) -> PassCost:
+    """Backward pass of a forward: 2 × GEMM work, 2.5 × attention, 2 × elementwise; the
+    conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat)."""
+    conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
+    comms = [CommRequest(r.axis, conj.get(r.op, r.op), r.size_bytes,
+                         overlappable_s=r.overlappable_s * ATTENTION_BWD_FACTOR) for r in fwd.comms]
+    return PassCost(gemm_s=fwd.gemm_s * GEMM_BWD_FACTOR,
+                    attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
+                    memory_s=fwd.memory_s * MEM_BWD_FACTOR,
+                    flops=fwd.flops * GEMM_BWD_FACTOR,
+                    comms=comms)
+
+
+def layer_forward(model: ModelSpec, layer: int, sh: Shard, rf: Roofline) -> tuple[PassCost, PassCost]:
+    """(attention block, MLP block) forward costs of layer ``layer``."""
+    attn = attention_forward(model, sh, rf)
+    if model.is_moe_layer(layer):
+        mlp = moe_mlp_forward(model, sh, rf)
+    else:
+        ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
+        mlp = dense_mlp_forward(model, ffn, sh, rf)
+    return attn, mlp

@@ -1,0 +1,343 @@
+"""Compile a training scenario into a frozen :class:`Plan` (STYLE habit 5: compile, then run).
+
+Owns: the split of layers over pipeline stages and virtual stages (Megatron-style, uneven when
+pp·vpp does not divide the layers), the per-(virtual-)stage forward/backward costs from the
+operator model, the collectives each parallel axis needs and their costs over the placed
+groups, and the memory per device. The analytical estimate and the discrete-event engine both
+consume the same Plan, so each checks the other.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..catalog import Instance
+from ..errors import ParallelismError
+from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
+from ..hardware.topology import place
+from ..model.architecture import ModelSpec
+from ..model.memory import GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, training_memory
+from ..model.ops import (ATTENTION_BWD_FACTOR, CommRequest, PassCost, Roofline, Shard, backward_of,
+                         embedding_forward, layer_forward, logits_forward)
+
+#: Adam step traffic per locally-owned parameter: read fp32 grad, master, m, v (16 B), write
+#: master, m, v (12 B) and the bf16 weight (2 B) -- a memory-bound fused kernel (Megatron's
+#: FusedAdam / apex multi-tensor apply).
+OPTIMIZER_BYTES_PER_PARAM = 30.0
+#: Megatron's default gradient bucket: 40 M parameters (``--ddp-bucket-size`` default in
+#: Megatron-Core DistributedDataParallelConfig is max(40M, 1M·dp)).
+BUCKET_PARAMS = 40e6
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """Cost of one micro-batch through one virtual stage (seconds), split by kind."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    fwd_comm: Mapping[str, float]        # exposed inline communication by axis (tp, cp, ep)
+    bwd_comm: Mapping[str, float]
+    recompute_s: float                   # extra forward work done in backward
+    flops_fwd: float
+    layers: tuple[int, ...]
+
+    @property
+    def fwd_s(self) -> float:
+        return self.fwd_compute_s + sum(self.fwd_comm.values())
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_compute_s + self.recompute_s + sum(self.bwd_comm.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything the estimate and the engine need, derived once from a scenario."""
+
+    name: str
+    model: ModelSpec
+    instance: Instance
+    nodes: int
+    gpus: int
+    precision: str
+    seq_len: int
+    global_batch: int
+    micro_batch: int
+    num_microbatches: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vpp: int
+    schedule: str
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    overlap_tp_comm: bool
+    shapes: Mapping[str, GroupShape]
+    stages: tuple[StageCost, ...]                 # per virtual stage, index = chunk * pp + stage
+    pp_send_s: float                              # one activation/gradient send between stages
+    pp_cross_node: bool
+    dp_buckets: tuple[tuple[float, ...], ...]     # per physical stage: reduce-scatter seconds per bucket
+    dp_gather_s: tuple[float, ...]                # per physical stage: param all-gather seconds
+    optimizer_s: tuple[float, ...]                # per physical stage
+    memory: tuple[MemoryBreakdown, ...]           # per physical stage
+    hbm_bytes: float
+    seed: int = 0
+    straggler_cv: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def tokens_per_step(self) -> float:
+        return float(self.global_batch) * self.seq_len
+
+    def virtual_stage(self, stage: int, chunk: int) -> StageCost:
+        return self.stages[chunk * self.pp + stage]
+
+
+def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
+    """Layers of each virtual stage (chunk-major: index = chunk * pp + stage).
+
+    Megatron-style: an even split when ``pp·vpp`` divides ``layers``; when ``layers + 2`` divides,
+    the embedding and the loss count as one layer each on the first and last virtual stage
+    (``--account-for-embedding/loss-in-pipeline-split``: 126 layers + 2 over 64 virtual stages);
+    otherwise the remainder goes to the middle stages, keeping the ends (which carry the
+    embedding and logits) lighter.
+    """
+    n = pp * vpp
+    if layers < n:
+        raise ParallelismError(f"{layers} layers cannot fill pp·vpp = {n} virtual stages",
+                               field="parallelism.pp")
+    if layers % n == 0:
+        counts = [layers // n] * n
+    elif (layers + 2) % n == 0:
+        per = (layers + 2) // n
+        counts = [per] * n
+        counts[0] -= 1
+        counts[-1] -= 1
+    else:
+        base, rem = divmod(layers, n)
+        counts = [base] * n
+        order = sorted(range(n), key=lambda i: (abs(i - (n - 1) / 2), i))
+        for i in order[:rem]:
+            counts[i] += 1
+    out, start = [], 0
+    for c in counts:
+        out.append(list(range(start, start + c)))
+        start += c
+    return out
+
+
+class CommCoster:
+    """Collective costs over the placed groups of one plan, memoised (a plan asks the same
+    questions for every layer and stage)."""
+
+    def __init__(self, instance: Instance, shapes: Mapping[str, GroupShape], nodes: int):
+        self.instance, self.shapes, self.nodes = instance, shapes, nodes
+        self._memo: dict[tuple[str, float, GroupShape], CollectiveCost] = {}
+
+    def cost(self, op: str, size_bytes: float, shape: GroupShape) -> float:
+        if shape.size <= 1 or size_bytes <= 0:
+            return 0.0
+        key = (op, size_bytes, shape)
+        if key not in self._memo:
+            self._memo[key] = collective_time(op, size_bytes, self.instance, shape, nodes=self.nodes)
+        return self._memo[key].time_s
+
+    def request(self, req: CommRequest) -> float:
+        return self.cost(req.op, req.size_bytes, self.shapes[req.axis])
+
+
+def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, float]:
+    """Exposed seconds of a pass's inline collectives, by axis.
+
+    TP/EP collectives sit on the critical path between the GEMMs that produce and consume them
+    (Megatron without ``--tp-comm-overlap``); with TP overlap (userbuffers pipelining, Wang et al.
+    2023) only the part longer than the pass's GEMM work shows. CP ring exchanges hide behind the
+    attention blocks (Liu et al. 2023) except for what exceeds them.
+    """
+    out: dict[str, float] = {}
+    tp_total = 0.0
+    for req in cost.comms:
+        t = coster.request(req)
+        if req.axis == "tp":
+            tp_total += t
+            continue
+        if req.overlappable_s:
+            t = max(0.0, t - req.overlappable_s)
+        out[req.axis] = out.get(req.axis, 0.0) + t
+    if tp_total:
+        out["tp"] = max(0.0, tp_total - cost.gemm_s) if overlap_tp else tp_total
+    return out
+
+
+def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
+                      layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
+                      pp: int, vpp: int) -> tuple[StageCost, ...]:
+    """Forward/backward cost of one micro-batch through each virtual stage."""
+    rf = Roofline.of(instance.accelerator, shard.precision)
+    per_layer: dict[bool, tuple[PassCost, PassCost, PassCost]] = {}
+
+    def layer_cost(i: int) -> tuple[PassCost, PassCost, PassCost]:
+        moe = model.is_moe_layer(i)
+        dense_wide = bool(model.moe and model.moe.dense_ffn_hidden and not moe)
+        key = (moe, dense_wide)
+        if key not in per_layer:
+            attn, mlp = layer_forward(model, i, shard, rf)
+            fwd = PassCost()
+            fwd.add(attn)
+            fwd.add(mlp)
+            bwd = backward_of(fwd)
+            if recompute == "full":
+                rec = fwd
+            elif recompute == "selective":
+                # recompute the attention core only (Korthikanti et al. 2022 §5)
+                rec = PassCost(attention_s=attn.attention_s, flops=attn.attention_s * rf.attn_flop_per_s)
+            else:
+                rec = PassCost()
+            per_layer[key] = (fwd, bwd, rec)
+        return per_layer[key]
+
+    n = pp * vpp
+    out = []
+    for v, lay in enumerate(layers):
+        fwd, bwd, rec = PassCost(), PassCost(), PassCost()
+        for i in lay:
+            f, b, r = layer_cost(i)
+            fwd.add(f)
+            bwd.add(b)
+            rec.add(r)
+        if v == 0:
+            e = embedding_forward(model, shard, rf)
+            fwd.add(e)
+            bwd.add(backward_of(e))
+        if v == n - 1:
+            lg = logits_forward(model, shard, rf)
+            fwd.add(lg)
+            bwd.add(backward_of(lg))
+        fc = _exposed(coster, fwd, overlap_tp)
+        bc = _exposed(coster, bwd, overlap_tp)
+        if rec.comms:
+            for k, t in _exposed(coster, rec, overlap_tp).items():
+                bc[k] = bc.get(k, 0.0) + t
+        out.append(StageCost(fwd_compute_s=fwd.compute_s, bwd_compute_s=bwd.compute_s, fwd_comm=fc, bwd_comm=bc,
+                             recompute_s=rec.compute_s, flops_fwd=fwd.flops, layers=tuple(lay)))
+    return tuple(out)
+
+
+def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, pp: int) -> tuple[float, float]:
+    """(dense, expert) parameters held by a physical stage (all its chunks), before TP/EP split."""
+    dense = expert = 0.0
+    for i in layers:
+        total, _ = model.layer_params(i)
+        if model.is_moe_layer(i):
+            e = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden)
+            expert += e
+            dense += total - e
+        else:
+            dense += total
+    if first:
+        dense += model.vocab * model.hidden
+    if last and (not model.tied_embeddings or pp > 1):
+        dense += model.vocab * model.hidden + model.hidden
+    return dense, expert
+
+
+def build_plan(sc) -> Plan:
+    """Validate and derive everything a training simulation needs from a Scenario."""
+    w, par, cl = sc.workload, sc.parallelism, sc.cluster
+    model: ModelSpec = w.model
+    inst: Instance = cl.instance
+    tp, pp, dp, cp, ep, vpp = par.tp, par.pp, par.dp, par.cp, par.ep, par.vpp
+    schedule = "interleaved" if vpp > 1 else par.schedule
+    if schedule == "interleaved" and pp == 1:
+        raise ParallelismError("interleaved schedule needs pp > 1", file=sc.file, field="parallelism.vpp")
+    if tp * pp * dp * cp != cl.gpus:
+        raise ParallelismError(f"tp·pp·dp·cp = {tp * pp * dp * cp} does not equal {cl.gpus} GPUs",
+                               file=sc.file, field="parallelism.dp")
+    per_replica = w.global_batch // dp
+    if w.global_batch % dp or per_replica % w.micro_batch:
+        raise ParallelismError(
+            f"global_batch {w.global_batch} is not a multiple of dp·micro_batch = {dp * w.micro_batch}",
+            file=sc.file, field="workload.global_batch")
+    m = per_replica // w.micro_batch
+    order = tuple(getattr(par, "order", ("tp", "cp", "ep", "pp", "dp")))
+    shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order))
+    layers = split_layers(model.layers, pp, vpp)
+    shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
+                  sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision)
+    coster = CommCoster(inst, shapes, cl.nodes)
+    stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
+                               recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp)
+    # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
+    act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
+    pp_shape = shapes.get("pp")
+    pp_send = 0.0
+    pp_cross = False
+    if pp > 1 and pp_shape is not None:
+        pp_send = coster.cost("send-recv", act_bytes, pp_shape)
+        pp_cross = pp_shape.per_node < pp_shape.size
+    # data parallel: gradient reduce-scatter (fp32 main grads) in buckets, param all-gather (bf16)
+    dp_shape = shapes["dp"]
+    edp = max(1, dp * cp // ep)
+    buckets, gathers, opt, mem = [], [], [], []
+    acc = inst.accelerator
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    for s in range(pp):
+        mine = [i for c in range(vpp) for i in layers[c * pp + s]]
+        dense, expert = stage_params(model, mine, s == 0, s == pp - 1, pp)
+        local_dense, local_expert = dense / tp, expert / (tp * ep)
+        reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
+        times = []
+        for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
+                              (local_expert, _edp_group(shapes, edp))):
+            if params <= 0 or shape.size <= 1:
+                continue
+            nb = max(1, round(params / BUCKET_PARAMS))
+            t = coster.cost(reduce_op, params / nb * GRAD_BYTES, shape)
+            times += [t] * nb
+        buckets.append(tuple(times))
+        g = 0.0
+        if par.zero >= 1:
+            for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
+                                  (local_expert, _edp_group(shapes, edp))):
+                if params > 0 and shape.size > 1:
+                    g += coster.cost("all-gather", params * WEIGHT_BYTES, shape)
+        gathers.append(g)
+        owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
+        opt.append(owned * OPTIMIZER_BYTES_PER_PARAM / hbm)
+        mem.append(training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
+                                   micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
+                                   ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
+                                   recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s))
+    return Plan(
+        name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
+        seq_len=w.seq_len, global_batch=w.global_batch, micro_batch=w.micro_batch, num_microbatches=m,
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=schedule, zero=par.zero,
+        recompute=par.recompute, sequence_parallel=shard.sequence_parallel,
+        overlap_grad_reduce=par.overlap.grad_reduce, overlap_param_gather=par.overlap.param_gather,
+        overlap_tp_comm=par.overlap.tp_comm, shapes=shapes, stages=stages, pp_send_s=pp_send,
+        pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
+        memory=tuple(mem), hbm_bytes=acc.hbm_bytes, seed=getattr(sc, "seed", 0),
+    )
+
+
+def _dp_group(dp_shape: GroupShape, cp: int, shapes: Mapping[str, GroupShape]) -> GroupShape:
+    """Dense gradients reduce over dp·cp ranks (Megatron folds CP into the DP gradient group)."""
+    if cp <= 1:
+        return dp_shape
+    cp_shape = shapes["cp"]
+    per_node = dp_shape.per_node * cp_shape.per_node
+    return GroupShape(size=dp_shape.size * cp, per_node=min(per_node, dp_shape.size * cp))
+
+
+def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
+    """Expert gradients reduce over the dp·cp/ep ranks holding the same experts."""
+    dp_shape = shapes["dp"]
+    return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
+
+
+__all__ = ["Plan", "StageCost", "build_plan", "split_layers", "stage_params", "ATTENTION_BWD_FACTOR"]

@@ -1,0 +1,308 @@
+"""Pre-training step: build the job graph of one optimizer step and simulate or estimate it.
+
+Owns turning a :class:`fmsim.parallel.strategy.Plan` into engine jobs -- one representative rank
+per pipeline stage (symmetric TP/DP/CP ranks folded, DESIGN.md principle 5), its compute stream in
+schedule order, pipeline sends between stages, data-parallel gradient buckets on a separate
+communication stream (overlapped with the last micro-batch's backward when enabled), optimizer
+step and parameter all-gather -- and turning the simulated timeline into a :class:`Result`:
+step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and cost to train.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..engine.des import Job, RunResult, run_jobs
+from ..model.flops import model_flops_per_step
+from ..parallel.schedules import get_schedule
+from ..parallel.strategy import Plan, build_plan
+from ..results import Result
+
+
+def link_capacities(plan: Plan) -> dict[tuple[str, int], float]:
+    """Per-GPU scale-out capacity (rail-optimized: each GPU owns num_nics / gpus NICs) per stage."""
+    inst = plan.instance
+    per_gpu = inst.num_nics * inst.nic_bytes_per_s / inst.num_accelerators * inst.fabric.efficiency
+    caps = {}
+    for s in range(plan.pp):
+        caps[("tx", s)] = per_gpu
+        caps[("rx", s)] = per_gpu
+    return caps
+
+
+def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
+    """Jobs of one training step (see module docstring). ``overlap=False`` serialises the
+    data-parallel communication after the backward passes (the analytical reference)."""
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    nv = pp * vpp
+    sched = get_schedule(plan.schedule)
+    dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
+    jobs: list[Job] = []
+    grad_overlap = overlap and plan.overlap_grad_reduce
+    gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1
+    for s in range(pp):
+        comp, comm = f"stage{s}", f"dp{s}"
+        dp_links = (("tx", s), ("rx", s)) if dp_cross else ()
+        gathers_per_chunk = plan.dp_gather_s[s] / vpp
+        if gather_overlap and gathers_per_chunk > 0:
+            for c in range(vpp):
+                jobs.append(Job(f"gather{s}.{c}", comm, gathers_per_chunk, links=dp_links,
+                                category="dp", label=f"param all-gather chunk {c}"))
+        buckets = list(plan.dp_buckets[s])
+        # buckets are reduced as the last micro-batch's backward of each chunk produces them;
+        # chunks finish in reverse order (chunk vpp-1 first), so hand buckets out per chunk
+        per_chunk = [[] for _ in range(vpp)]
+        for i, b in enumerate(buckets):
+            per_chunk[min(vpp - 1, i * vpp // max(1, len(buckets)))].append(b)
+        tasks = sched(pp, vpp, m, s)
+        reduce_keys: list[str] = []
+        for t in tasks:
+            v = t.chunk * pp + s
+            st = plan.stages[v]
+            if t.kind == "F":
+                after = [f"F{t.microbatch}.{v - 1}>"] if v > 0 else []
+                if gather_overlap and t.microbatch == 0 and gathers_per_chunk > 0:
+                    after.append(f"gather{s}.{t.chunk}")
+                key = f"F{t.microbatch}.{v}"
+                jobs.append(Job(key, comp, st.fwd_s, tuple(after), category="forward",
+                                label=f"F mb{t.microbatch} v{v}"))
+                if v < nv - 1:
+                    nxt = (v + 1) % pp
+                    links = (("tx", s), ("rx", nxt)) if plan.pp_cross_node else ()
+                    jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
+                                    label=f"send act mb{t.microbatch} v{v}"))
+            else:
+                after = [f"B{t.microbatch}.{v + 1}>"] if v < nv - 1 else [f"F{t.microbatch}.{v}"]
+                key = f"B{t.microbatch}.{v}"
+                mine = per_chunk[t.chunk] if (t.microbatch == m - 1 and grad_overlap) else []
+                if mine:
+                    # split the last backward so each bucket's reduce starts when its grads exist
+                    part = st.bwd_s / len(mine)
+                    prev = tuple(after)
+                    for j, b in enumerate(mine):
+                        sub = f"{key}/{j}" if j < len(mine) - 1 else key
+                        jobs.append(Job(sub, comp, part, prev, category="backward",
+                                        label=f"B mb{t.microbatch} v{v}"))
+                        rk = f"reduce{s}.{t.chunk}.{j}"
+                        jobs.append(Job(rk, comm, b, (sub,), links=dp_links, category="dp",
+                                        label=f"grad reduce-scatter bucket {j}"))
+                        reduce_keys.append(rk)
+                        prev = (sub,)
+                else:
+                    jobs.append(Job(key, comp, st.bwd_s, tuple(after), category="backward",
+                                    label=f"B mb{t.microbatch} v{v}"))
+                if v > 0:
+                    prv = (v - 1) % pp
+                    links = (("tx", s), ("rx", prv)) if plan.pp_cross_node else ()
+                    jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
+                                    label=f"send grad mb{t.microbatch} v{v}"))
+        last_key = [j.key for j in jobs if j.stream == comp][-1]
+        if not grad_overlap:
+            prev = last_key
+            for j, b in enumerate(buckets):
+                rk = f"reduce{s}.x.{j}"
+                jobs.append(Job(rk, comm, b, (prev,), links=dp_links, category="dp",
+                                label=f"grad reduce bucket {j}"))
+                reduce_keys.append(rk)
+                prev = rk
+        jobs.append(Job(f"opt{s}", comp, plan.optimizer_s[s], (last_key, *reduce_keys),
+                        category="optimizer", label="optimizer step"))
+        if plan.dp_gather_s[s] > 0 and not gather_overlap:
+            jobs.append(Job(f"gather{s}", comm, plan.dp_gather_s[s], (f"opt{s}",), links=dp_links,
+                            category="dp", label="param all-gather"))
+    return jobs
+
+
+def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
+    """Split the step of the stage that finishes last into compute, exposed comm, bubble ..."""
+    step = run.makespan_s
+    ends = {s: max(run.end_s.get(f"opt{s}", 0.0), run.end_s.get(f"gather{s}", 0.0)) for s in range(plan.pp)}
+    crit = max(ends, key=lambda s: (ends[s], -s))
+    m = plan.num_microbatches
+    comp = 0.0
+    comm: dict[str, float] = {}
+    recompute = 0.0
+    for c in range(plan.vpp):
+        st = plan.virtual_stage(crit, c)
+        comp += m * (st.fwd_compute_s + st.bwd_compute_s)
+        recompute += m * st.recompute_s
+        for d in (st.fwd_comm, st.bwd_comm):
+            for k, v in d.items():
+                comm[k] = comm.get(k, 0.0) + m * v
+    opt = plan.optimizer_s[crit]
+    last_bwd = max(e for k, e in run.end_s.items() if k.startswith("B") and not k.endswith(">")
+                   and _stage_of(plan, k) == crit)
+    opt_start = run.start_s.get(f"opt{crit}", last_bwd)
+    dp_exposed = max(0.0, opt_start - last_bwd) + max(0.0, step - run.end_s.get(f"opt{crit}", step))
+    first_fwd = run.start_s.get(f"F0.{crit}", 0.0) if crit == 0 else 0.0
+    dp_exposed += first_fwd
+    out = {"compute": comp, "recompute": recompute}
+    for k in ("tp", "cp", "ep"):
+        if comm.get(k):
+            out[f"comm_{k}"] = comm[k]
+    out["comm_dp"] = dp_exposed
+    out["optimizer"] = opt
+    used = sum(out.values())
+    out["bubble"] = max(0.0, step - used)
+    return out, crit
+
+
+def _stage_of(plan: Plan, key: str) -> int:
+    v = int(key.split(".")[1].split("/")[0].rstrip(">"))
+    return v % plan.pp
+
+
+def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
+    """Analytical step time from the same stage costs, no event queue.
+
+    Pipeline: m micro-batches through the slowest stage plus the fill/drain of the others,
+    divided by vpp when interleaved (Narayanan et al. 2021 §2.2: bubble (p-1)/(v·m)); pipeline
+    sends as the engine's critical path has them (see below). Data-parallel: the gradient reduce that does
+    not fit under the last micro-batch's backward when overlapped (all of it otherwise), the
+    optimizer, and the parameter all-gather unless overlapped with the forward.
+    """
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    per_stage = []
+    for s in range(pp):
+        per_stage.append(sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+    slow = max(per_stage)
+    crit = per_stage.index(slow)
+    fill = (sum(per_stage) - slow) / vpp
+    # point-to-point sends on the critical path. 1F1B keeps only p-1 micro-batches in flight, so a
+    # stage's round trip p·(f+b) + 2(p-1)·send is paid per p micro-batches: each micro-batch adds
+    # 2(p-1)/p sends, plus 2(p-2) on fill/drain (this is what the DES shows, tests/test_training.py).
+    # Interleaving keeps enough chunks in flight to hide them except on fill and drain: 2(p·v-1).
+    if pp == 1:
+        sends = 0.0
+    elif vpp == 1:
+        sends = (2.0 * (pp - 2) + 2.0 * m * (pp - 1) / pp) * plan.pp_send_s
+    else:
+        sends = 2.0 * (pp * vpp - 1) * plan.pp_send_s
+    pipeline = m * slow + fill + sends
+    dp = sum(plan.dp_buckets[crit])
+    if plan.overlap_grad_reduce:
+        hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
+        dp_exposed = max(0.0, dp - hidden)
+    else:
+        dp_exposed = dp
+    gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
+    opt = plan.optimizer_s[crit]
+    step = pipeline + dp_exposed + gather + opt
+    comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
+               for c in range(vpp))
+    rec = sum(m * plan.virtual_stage(crit, c).recompute_s for c in range(vpp))
+    out = {"compute": comp, "recompute": rec}
+    for k in ("tp", "cp", "ep"):
+        v = sum(m * (plan.virtual_stage(crit, c).fwd_comm.get(k, 0.0) + plan.virtual_stage(crit, c).bwd_comm.get(k, 0.0))
+                for c in range(vpp))
+        if v:
+            out[f"comm_{k}"] = v
+    out["comm_dp"] = dp_exposed + gather
+    out["optimizer"] = opt
+    out["bubble"] = max(0.0, step - sum(out.values()))
+    return step, out
+
+
+def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan, fits: bool,
+                        mem_total: float) -> tuple[str, str]:
+    """(short name, one sentence) of what limits the step and what would relieve it."""
+    if not fits:
+        return "memory", (f"does not fit: {mem_total / 2**30:.1f} GiB needed per GPU of "
+                          f"{plan.hbm_bytes / 2**30:.0f} GiB; raise tp/pp, use recompute or ZeRO")
+    parts = {k: v for k, v in breakdown.items() if k not in ("compute",)}
+    worst = max(parts, key=parts.get) if parts else "compute"
+    share = parts.get(worst, 0.0) / step if step else 0.0
+    if share < 0.10:
+        return "compute", "compute-bound: faster math (fp8, newer GPU) is what shortens the step"
+    advice = {
+        "bubble": "pipeline bubble: more micro-batches per step, interleaving (vpp) or fewer stages",
+        "comm_tp": "tensor-parallel communication: smaller tp, TP comm overlap or a larger scale-up domain",
+        "comm_dp": "exposed data-parallel communication: overlap grad reduce, larger buckets, faster EFA",
+        "comm_ep": "expert all-to-all: smaller ep, EP inside the scale-up domain, or faster scale-out",
+        "comm_cp": "context-parallel exchange: smaller cp or longer attention blocks to hide it",
+        "optimizer": "optimizer step: shard it wider (ZeRO over more ranks)",
+        "recompute": "activation recompute: selective instead of full, or more memory per GPU",
+    }.get(worst, worst)
+    return worst, f"{share:.0%} of the step is {advice}"
+
+
+def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, details: dict[str, Any]) -> Result:
+    from ..cost import price_for
+
+    tokens = plan.tokens_per_step
+    mem = plan.memory
+    worst = max(range(plan.pp), key=lambda s: mem[s].total)
+    mem_total = mem[worst].total
+    fits = mem_total <= plan.hbm_bytes
+    exact_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "exact")
+    model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
+    peak = plan.instance.accelerator.peak("bf16" if plan.precision in ("bf16", "fp8", "fp4") else plan.precision)
+    rec_factor = {"none": 0.0, "selective": 0.0, "full": 1.0 / 3.0}[plan.recompute]
+    hw_flops = exact_flops * (1 + rec_factor)
+    tflops = model_flops / step / plan.gpus / 1e12
+    price = price_for(sc)
+    nodes = plan.nodes
+    usd_per_step = price.usd_per_hour * nodes * step / 3600.0 if price.usd_per_hour else None
+    train_tokens = getattr(sc.workload, "train_tokens", None)
+    time_to_train = train_tokens / tokens * step if train_tokens else None
+    gpu_hours = plan.gpus * time_to_train / 3600.0 if time_to_train else None
+    cost = price.usd_per_hour * nodes * time_to_train / 3600.0 if (time_to_train and price.usd_per_hour) else None
+    bname, sentence = bottleneck_sentence(breakdown, step, plan, fits, mem_total)
+    metrics = {
+        "tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep,
+        "step_time_s": step, "tokens_per_s": tokens / step, "tokens_per_s_per_gpu": tokens / step / plan.gpus,
+        "model_tflops_per_gpu": tflops, "mfu": model_flops / step / plan.gpus / peak,
+        "hfu": hw_flops / step / plan.gpus / peak,
+        "memory_per_gpu_bytes": mem_total, "hbm_per_gpu_bytes": plan.hbm_bytes, "fits": fits,
+        "usd_per_step": usd_per_step, "time_to_train_s": time_to_train, "gpu_hours": gpu_hours,
+        "cost_usd": cost, "bottleneck": bname, "pricing_option": price.option,
+        "num_microbatches": plan.num_microbatches, "vpp": plan.vpp,
+    }
+    det = dict(details)
+    det["bottleneck"] = sentence
+    det["memory_by_stage"] = [m.as_dict() for m in mem]
+    det["price_source"] = price.source
+    return Result(scenario=sc.name, kind=sc.workload.kind, instance=plan.instance.name, nodes=nodes,
+                  gpus=plan.gpus, usd_per_hour=price.usd_per_hour * nodes if price.usd_per_hour else None,
+                  price_date=price.date, metrics=metrics, breakdown=breakdown, memory=mem[worst].as_dict(),
+                  details=det)
+
+
+def simulate_pretrain(sc, *, trace_path: str | None = None, contention: bool = True,
+                      overlap: bool = True) -> Result:
+    """Discrete-event simulation of one step (``fmsim.simulate`` for training kinds)."""
+    plan = build_plan(sc)
+    jobs = build_jobs(plan, overlap=overlap)
+    run = run_jobs(jobs, link_capacities(plan), contention=contention, record=True)
+    breakdown, crit = _breakdown(plan, run)
+    if trace_path:
+        write_trace(run, trace_path, plan)
+    return make_result(sc, plan, run.makespan_s, breakdown,
+                       details={"engine": "des", "critical_stage": crit, "num_jobs": len(jobs)})
+
+
+def estimate_pretrain(sc) -> Result:
+    """Analytical estimate (``fmsim.estimate``): same cost functions, no event queue."""
+    plan = build_plan(sc)
+    step, breakdown = estimate_step(plan)
+    return make_result(sc, plan, step, breakdown, details={"engine": "analytical"})
+
+
+def write_trace(run: RunResult, path: str, plan: Plan) -> None:
+    """Chrome/Perfetto trace (JSON array format): one thread per stream, µs timestamps."""
+    tids: dict[str, int] = {}
+    events = []
+    for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream)):
+        tid = tids.setdefault(sp.stream, len(tids))
+        events.append({"name": sp.label, "cat": sp.category, "ph": "X", "pid": 0, "tid": tid,
+                       "ts": sp.start_s * 1e6, "dur": (sp.end_s - sp.start_s) * 1e6})
+    for name, tid in tids.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
+    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": plan.name}})
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+__all__ = ["simulate_pretrain", "estimate_pretrain", "build_jobs", "estimate_step", "link_capacities",
+           "write_trace"]

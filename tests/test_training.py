@@ -1,0 +1,207 @@
+"""Training-step simulator: schedules, layer split, memory, DES vs estimate, invariants."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fmsim
+from fmsim.engine.des import run_jobs
+from fmsim.errors import ParallelismError
+from fmsim.parallel.schedules import SCHEDULES, get_schedule
+from fmsim.parallel.strategy import StageCost, build_plan, split_layers
+from fmsim.workloads.pretrain import build_jobs, estimate_step, link_capacities
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml"
+
+
+def scenario(**overrides):
+    return fmsim.load_scenario(EXAMPLE, overrides=overrides)
+
+
+def uniform(plan, f: float = 1.0, b: float = 2.0, send: float = 0.0):
+    """The plan with identical stages, no data-parallel work: a pure pipeline."""
+    st_ = StageCost(fwd_compute_s=f, bwd_compute_s=b, fwd_comm={}, bwd_comm={}, recompute_s=0.0,
+                    flops_fwd=0.0, layers=())
+    return dataclasses.replace(plan, stages=tuple(st_ for _ in plan.stages), pp_send_s=send,
+                               dp_buckets=tuple(() for _ in range(plan.pp)),
+                               dp_gather_s=tuple(0.0 for _ in range(plan.pp)),
+                               optimizer_s=tuple(0.0 for _ in range(plan.pp)))
+
+
+def makespan(plan, *, overlap=True, contention=True) -> float:
+    return run_jobs(build_jobs(plan, overlap=overlap), link_capacities(plan), contention=contention).makespan_s
+
+
+# -- layer split ------------------------------------------------------------------------------
+
+def test_layers_split_evenly_when_pp_vpp_divides():
+    parts = split_layers(80, 4, 5)
+    assert [len(p) for p in parts] == [4] * 20
+    assert sum(parts, []) == list(range(80))
+
+
+def test_126_layers_plus_embedding_and_loss_over_64_virtual_stages():
+    parts = split_layers(126, 16, 4)
+    sizes = [len(p) for p in parts]
+    assert sizes[0] == 1 and sizes[-1] == 1 and set(sizes[1:-1]) == {2}
+    assert sum(parts, []) == list(range(126))
+
+
+def test_uneven_split_keeps_every_layer_once_and_ends_lighter():
+    parts = split_layers(30, 4, 1)
+    assert sum(parts, []) == list(range(30))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) == 1 and sizes[0] <= sizes[1]
+
+
+def test_too_few_layers_for_the_stages_is_a_parallelism_error():
+    with pytest.raises(ParallelismError, match="virtual stages"):
+        split_layers(6, 4, 2)
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+@given(pp=st.integers(1, 6), vpp=st.integers(1, 3), m=st.integers(1, 12))
+@settings(max_examples=30)
+def test_every_schedule_runs_each_microbatch_chunk_once_forward_before_backward(name, pp, vpp, m):
+    if name == "interleaved" and pp == 1:
+        vpp = 1
+    for stage in range(pp):
+        tasks = get_schedule(name)(pp, vpp, m, stage)
+        fwd = [(t.microbatch, t.chunk) for t in tasks if t.kind == "F"]
+        bwd = [(t.microbatch, t.chunk) for t in tasks if t.kind == "B"]
+        assert sorted(fwd) == sorted(bwd) == sorted((i, c) for i in range(m) for c in range(vpp))
+        pos = {(t.kind, t.microbatch, t.chunk): i for i, t in enumerate(tasks)}
+        assert all(pos[("F", i, c)] < pos[("B", i, c)] for i, c in fwd)
+
+
+@pytest.mark.parametrize("pp,m", [(4, 8), (8, 16), (2, 3), (4, 32)])
+def test_1f1b_bubble_fraction_is_p_minus_1_over_m_plus_p_minus_1(pp, m):
+    plan = build_plan(scenario(**{"parallelism.pp": pp, "parallelism.vpp": 1, "parallelism.schedule": "1f1b",
+                                  "workload.global_batch": m * 2, "cluster.nodes": 2 * pp}))
+    assert plan.num_microbatches == m
+    f, b = 1.0, 2.0
+    t = makespan(uniform(plan, f, b))
+    ideal = m * (f + b)
+    assert (t - ideal) / t == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp,v,m", [(4, 2, 8), (4, 4, 16), (8, 2, 16)])
+def test_interleaving_divides_the_bubble_by_vpp(pp, v, m):
+    plan = build_plan(scenario(**{"parallelism.pp": pp, "parallelism.vpp": v, "parallelism.schedule": "interleaved",
+                                  "workload.global_batch": m * 2, "cluster.nodes": 2 * pp}))
+    f, b = 1.0 / v, 2.0 / v          # per chunk: the stage's work split over v chunks
+    t = makespan(uniform(plan, f, b))
+    ideal = m * 3.0
+    assert (t - ideal) == pytest.approx((pp - 1) * 3.0 / v, rel=1e-9)
+
+
+# -- DES vs analytical ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [
+    {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "cluster.nodes": 2,
+     "workload.global_batch": 16},
+    {"parallelism.pp": 4, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 32},
+    {"parallelism.pp": 4, "parallelism.vpp": 2, "parallelism.schedule": "interleaved",
+     "workload.global_batch": 32},
+])
+def test_des_without_overlap_and_contention_equals_the_analytical_sum_on_uniform_stages(overrides):
+    plan = build_plan(scenario(**overrides))
+    st0 = plan.stages[len(plan.stages) // 2]
+    u = dataclasses.replace(plan, stages=tuple(st0 for _ in plan.stages), overlap_grad_reduce=False,
+                            overlap_param_gather=False,
+                            dp_buckets=tuple(plan.dp_buckets[len(plan.dp_buckets) // 2] for _ in range(plan.pp)),
+                            dp_gather_s=tuple(plan.dp_gather_s[-1] for _ in range(plan.pp)),
+                            optimizer_s=tuple(plan.optimizer_s[-1] for _ in range(plan.pp)))
+    des = makespan(u, overlap=False, contention=False)
+    est, _ = estimate_step(u)
+    assert des == pytest.approx(est, rel=1e-9)
+
+
+def test_overlapping_grad_reduce_never_slows_the_step():
+    plan = build_plan(scenario(**{"cluster.nodes": 16}))
+    assert makespan(plan, overlap=True) <= makespan(plan, overlap=False) + 1e-12
+
+
+def test_contention_never_speeds_the_step_up():
+    plan = build_plan(scenario(**{"parallelism.pp": 8, "parallelism.vpp": 1, "parallelism.schedule": "1f1b",
+                                  "cluster.nodes": 16}))
+    assert makespan(plan, contention=True) >= makespan(plan, contention=False) - 1e-12
+
+
+def test_same_scenario_same_result_byte_for_byte():
+    sc = scenario()
+    assert fmsim.simulate(sc).to_json() == fmsim.simulate(sc).to_json()
+
+
+# -- invariants: faster hardware never slows a step -------------------------------------------
+
+def _with_accelerator(sc, **changes):
+    inst = sc.cluster.instance
+    acc = dataclasses.replace(inst.accelerator, **changes)
+    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, instance=dataclasses.replace(
+        inst, accelerator=acc)))
+
+
+@given(scale=st.floats(1.0, 4.0))
+@settings(max_examples=15)
+def test_more_peak_flops_never_increases_step_time(scale):
+    sc = scenario()
+    acc = sc.cluster.instance.accelerator
+    faster = _with_accelerator(sc, peak_flop_per_s={k: v * scale for k, v in acc.peak_flop_per_s.items()})
+    assert fmsim.simulate(faster).metrics["step_time_s"] <= fmsim.simulate(sc).metrics["step_time_s"] * (1 + 1e-12)
+
+
+@given(scale=st.floats(1.0, 4.0))
+@settings(max_examples=15)
+def test_more_hbm_bandwidth_never_increases_step_time(scale):
+    sc = scenario()
+    acc = sc.cluster.instance.accelerator
+    faster = _with_accelerator(sc, hbm_bytes_per_s=acc.hbm_bytes_per_s * scale)
+    assert fmsim.simulate(faster).metrics["step_time_s"] <= fmsim.simulate(sc).metrics["step_time_s"] * (1 + 1e-12)
+
+
+@given(scale=st.floats(1.0, 4.0))
+@settings(max_examples=15)
+def test_more_link_bandwidth_never_increases_step_time(scale):
+    sc = scenario(**{"cluster.nodes": 16})
+    inst = sc.cluster.instance
+    faster_inst = dataclasses.replace(
+        inst, nic_bytes_per_s=inst.nic_bytes_per_s * scale,
+        scale_up=dataclasses.replace(inst.scale_up, bytes_per_s=inst.scale_up.bytes_per_s * scale))
+    faster = dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, instance=faster_inst))
+    assert fmsim.simulate(faster).metrics["step_time_s"] <= fmsim.simulate(sc).metrics["step_time_s"] * (1 + 1e-12)
+
+
+@given(mb=st.sampled_from([1, 2, 4]))
+@settings(max_examples=6)
+def test_memory_grows_with_micro_batch(mb):
+    small = fmsim.estimate(scenario(**{"workload.micro_batch": 1})).metrics["memory_per_gpu_bytes"]
+    big = fmsim.estimate(scenario(**{"workload.micro_batch": mb})).metrics["memory_per_gpu_bytes"]
+    assert big >= small
+    if mb > 1:
+        assert big > small
+
+
+def test_plan_that_does_not_fit_reports_fits_false_and_names_memory():
+    res = fmsim.estimate(scenario(**{"parallelism.tp": 1, "parallelism.pp": 1, "parallelism.vpp": 1,
+                                     "parallelism.schedule": "1f1b", "workload.global_batch": 64,
+                                     "parallelism.recompute": "none"}))
+    assert res.metrics["fits"] is False
+    assert res.metrics["bottleneck"] == "memory"
+
+
+def test_trace_is_written_as_chrome_trace_json(tmp_path):
+    import json
+    path = tmp_path / "step.json"
+    fmsim.simulate(scenario(), trace_path=str(path))
+    data = json.loads(path.read_text())
+    spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    assert spans and all(e["dur"] >= 0 for e in spans)
+    assert {e["cat"] for e in spans} >= {"forward", "backward", "optimizer"}
