@@ -80,6 +80,8 @@ class Accelerator:
     scale_up_bytes_per_s: float                   # per device, per direction
     gemm_efficiency: Mapping[str, float]          # achievable fraction of peak for large GEMMs, per precision
     hbm_efficiency: float                         # achievable fraction of HBM bandwidth (streaming)
+    attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
+    compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
     source: str
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
@@ -415,6 +417,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     else:
         gemm = {"bf16": eff_e.get("gemm", parse=_fraction)}
     hbm_eff = eff_e.get("hbm", parse=_fraction)
+    attn_eff = eff_e.get("attention", 0.0, _fraction)
     calibration = str(eff_e.get("source", ""))
     eff_e.check_unknown()
     acc = Accelerator(
@@ -426,6 +429,8 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         scale_up_bytes_per_s=e.get("scale_up_bandwidth", 0.0, parse_rate),
         gemm_efficiency=gemm,
         hbm_efficiency=hbm_eff,
+        attention_efficiency=attn_eff,
+        compute_units=int(e.get("compute_units", 0)),
         source=e.source(),
         calibration=calibration,
         memory_type=str(e.get("memory_type", "")),

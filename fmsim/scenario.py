@@ -69,7 +69,7 @@ PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 AXES = ("tp", "cp", "ep", "pp", "dp")
-DEFAULT_ORDER = ("tp", "cp", "ep", "pp", "dp")
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core RankGenerator default
 FLOPS_FORMULAS = ("megatron-2021", "korthikanti-2022", "palm", "nemo", "llama3")
 # Sections a kind adds; kept raw in Scenario.extra and validated by that kind's simulator.
 EXTRA_SECTIONS = {
@@ -104,7 +104,9 @@ WORKLOAD_KEYS = (
     "global_batch_tokens",
     "micro_batch",
     "train_tokens",
+    "attention_kernel",
 )
+ATTENTION_KERNELS = ("flash", "unfused")
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -190,6 +192,7 @@ class Workload:
     global_batch: int = 0  # sequences per optimizer step
     micro_batch: int = 1
     train_tokens: float | None = None
+    attention_kernel: str = "flash"  # flash | unfused (scores materialised, as before flash attention)
 
     @property
     def tokens_per_step(self) -> int:
@@ -814,6 +817,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
             hint="sequences per optimizer step, or global_batch_tokens",
         )
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
+    attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
     return Workload(
         kind=kind,
         model=model,
@@ -822,6 +826,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         global_batch=global_batch,
         micro_batch=micro_batch,
         train_tokens=train_tokens,
+        attention_kernel=attention_kernel,
     ), wl
 
 
@@ -1359,6 +1364,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
     workload["micro_batch"] = wl.micro_batch
     if wl.train_tokens is not None:
         workload["train_tokens"] = wl.train_tokens
+    if wl.attention_kernel != "flash":
+        workload["attention_kernel"] = wl.attention_kernel
     parallelism = {
         "tp": par.tp,
         "pp": par.pp,

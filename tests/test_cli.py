@@ -416,7 +416,7 @@ def test_console_script_module_never_shows_a_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         (
-            f"{bad}: workload.tp: unknown key 'tp' (known: global_batch, "
+            f"{bad}: workload.tp: unknown key 'tp' (known: attention_kernel, global_batch, "
             "global_batch_tokens, kind, micro_batch, model, precision, seq_len, "
             "train_tokens)"
         )

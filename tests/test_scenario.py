@@ -61,7 +61,7 @@ def test_llama_example_loads_through_the_package_facade():
     p = sc.parallelism
     assert (p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp) == (8, 4, 4, 1, 1, 1)  # dp: auto = 128 / 32
     assert p.schedule == "1f1b" and p.recompute == "selective" and p.zero == 1 and p.sequence_parallel
-    assert p.order == ("tp", "cp", "ep", "pp", "dp")
+    assert p.order == ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core default, PP outermost
     assert sc.pricing.option == "on-demand" and sc.pricing.usd_per_hour is None
     assert sc.checkpoint.every_s == 1800 and sc.checkpoint.async_
     assert sc.reliability.node_mtbf_s == 3.6e6 and sc.reliability.restart_s == 600

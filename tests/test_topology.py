@@ -38,10 +38,22 @@ def test_placement_follows_the_given_order_innermost_first(p5):
     assert shapes["tp"] == GroupShape(size=8, per_node=2, per_domain=2, stride=4)
 
 
-def test_placement_of_pipeline_stages_spans_nodes(p5):
+def test_placement_of_pipeline_stages_spans_nodes_outermost_by_default(p5):
+    # Megatron-Core's default order tp-cp-ep-dp-pp: pipeline stages are the outermost axis
     shapes = place(p5, 16, {"tp": 8, "pp": 4, "dp": 4})
-    assert shapes["pp"] == GroupShape(size=4, per_node=1, per_domain=1, stride=8)
-    assert shapes["dp"].stride == 32
+    assert shapes["pp"] == GroupShape(size=4, per_node=1, per_domain=1, stride=32)
+    assert shapes["dp"].stride == 8
+
+
+def test_expert_groups_fold_over_tensor_parallel_ranks_with_expert_tp_1(p5):
+    shapes = place(p5, 32, {"tp": 2, "dp": 16, "ep": 32, "pp": 8}, expert_tp=1)
+    assert shapes["ep"].size == 32 and shapes["ep"].stride == 1
+
+
+def test_a_64_wide_group_stays_inside_one_nvl72_rack(catalog):
+    gb = catalog.instance("gb200-nvl72")
+    shapes = place(gb, 64, {"tp": 1, "ep": 64, "dp": 64, "pp": 4}, expert_tp=1)
+    assert shapes["ep"].per_domain == 64
 
 
 def test_ep_groups_are_carved_out_of_cp_and_dp(p5):

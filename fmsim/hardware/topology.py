@@ -314,19 +314,43 @@ def _shape_of(members: Sequence[int], acc: int, domain: int) -> GroupShape:
                       stride=members[1] - members[0])
 
 
+#: Megatron-Core's rank order (``RankGenerator`` default ``tp-cp-ep-dp-pp``): TP innermost, then CP,
+#: EP (carved out of the data-parallel ranks), DP, and PP outermost, so that data- and
+#: expert-parallel groups stay dense inside scale-up domains and only pipeline sends cross nodes.
+DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")
+
+
+def used_domain(domain: int, acc: int, inner_sizes: Sequence[int]) -> int:
+    """GPUs of a scale-up domain a job uses so that its groups do not straddle domains.
+
+    An NVL72 rack holds 72 GPUs; jobs whose groups are powers of two run 64 per rack (16 of its
+    18 trays) so that a 64-wide expert or data group stays on NVLink -- as NVIDIA's GB200 runs do
+    (256 GPUs = 4 racks × 64). Single-node domains are used whole.
+    """
+    if domain <= acc:
+        return domain
+    used = domain
+    for g in inner_sizes:
+        if 1 < g < domain and domain % g:
+            used = min(used, max(acc, (domain // g) * g))
+    return used
+
+
 def place(instance: Instance, nodes: int, dims: Mapping[str, int],
-          order: Sequence[str] = ("tp", "cp", "ep", "pp", "dp")) -> dict[str, GroupShape]:
+          order: Sequence[str] = DEFAULT_ORDER, *, expert_tp: int | None = None) -> dict[str, GroupShape]:
     """GroupShape of one group of each parallel axis, the first axis of ``order`` innermost.
 
     Ranks are laid out with the axes of ``order`` (except ``ep``) from innermost to outermost, so
-    the default puts TP inside the scale-up domain. Expert parallelism is carved out of the
-    ``cp × dp`` ranks (Megatron-Core): an EP group is ``ep`` consecutive members of that space.
+    the default puts TP inside the scale-up domain. Expert parallelism is carved out of the ranks
+    of one pipeline stage (Megatron-Core MoE parallel folding, ``expert_tp`` wide experts): an EP
+    group is ``ep`` consecutive members of the ``tp·cp·dp`` space after the first ``expert_tp``
+    (without folding, ``expert_tp = tp``, that is the ``cp·dp`` space).
 
     Raises
     ------
     ParallelismError
         (field ``parallelism``) when the product of the axes is not ``nodes × accelerators``, or
-        (``parallelism.ep``) when ep does not divide ``dp × cp``.
+        (``parallelism.ep``) when ep·expert_tp does not divide ``tp·cp·dp``.
     ConfigError
         For an axis not in ``order``, a non-positive size, or a malformed order.
     """
@@ -344,7 +368,6 @@ def place(instance: Instance, nodes: int, dims: Mapping[str, int],
             raise ConfigError(f"must be a positive integer, got {v!r}", field=f"parallelism.{axis}")
         sizes[axis] = v
     acc = instance.num_accelerators
-    domain = max(instance.scale_up.domain_size, 1)
     total = nodes * acc
     layout = [a for a in order if a != "ep"]
     product = math.prod(sizes.get(a, 1) for a in layout)
@@ -354,21 +377,28 @@ def place(instance: Instance, nodes: int, dims: Mapping[str, int],
                                f"accelerators", field="parallelism")
     stride: dict[str, int] = {}
     s = 1
+    inner = []
     for a in layout:
         stride[a] = s
         s *= sizes.get(a, 1)
+        inner.append(s)
+    ep = sizes.get("ep", 1)
+    tp = sizes.get("tp", 1)
+    etp = tp if expert_tp is None else expert_tp
+    inner.append(etp * ep)
+    domain = used_domain(max(instance.scale_up.domain_size, 1), acc, inner)
     out: dict[str, GroupShape] = {}
     for a in layout:
         out[a] = _shape_of([k * stride[a] for k in range(sizes.get(a, 1))], acc, domain)
     if "ep" in order:
-        ep = sizes.get("ep", 1)
-        carve = [a for a in layout if a in ("cp", "dp")]
+        carve = [a for a in layout if a in ("tp", "cp", "dp")]
         space = math.prod(sizes.get(a, 1) for a in carve)
-        if ep > 1 and space % ep:
-            raise ParallelismError(f"ep={ep} does not divide dp·cp = {space}", field="parallelism.ep")
+        if ep > 1 and space % (ep * etp):
+            raise ParallelismError(f"ep·expert_tp = {ep * etp} does not divide tp·cp·dp = {space}",
+                                   field="parallelism.ep")
         members = []
         for j in range(ep):
-            r, rest = 0, j
+            r, rest = 0, j * etp
             for a in carve:                      # inner axis first, as laid out
                 rest, coord = divmod(rest, sizes.get(a, 1))
                 r += coord * stride[a]
@@ -377,4 +407,4 @@ def place(instance: Instance, nodes: int, dims: Mapping[str, int],
     return {a: out[a] for a in order if a in out}
 
 
-__all__ = ["Topology", "place", "NODES_PER_LEAF"]
+__all__ = ["Topology", "place", "DEFAULT_ORDER", "used_domain", "NODES_PER_LEAF"]

@@ -43,7 +43,8 @@ class MemoryBreakdown:
 
 
 def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,
-                           cp: int, sequence_parallel: bool, recompute: str, ep: int = 1) -> float:
+                           cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
+                           expert_tp: int | None = None) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -68,14 +69,14 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
         m = model.moe
         assert m is not None
         up = m.expert_ffn_hidden * (2 if model.gated else 1)
-        routed = m.top_k * (2.0 * h + 2.0 * up + 2.0 * m.expert_ffn_hidden)   # per token, over EP ranks
+        etp = tp if expert_tp is None else expert_tp
+        # routed rows: each rank computes tokens·etp/tp·top_k rows of width ffn/etp (see ops.moe_mlp_forward)
+        routed = m.top_k * etp * (2.0 * h + (2.0 * up + 2.0 * m.expert_ffn_hidden) / etp)
         shared = 0.0
         if m.shared_experts:
             sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
             shared = 2.0 * sw * (2 if model.gated else 1) + 2.0 * sw
         mlp_tp = shared
-        # routed rows: with balanced routing each EP rank receives as many token-expert pairs as its
-        # own batch sends out (tokens·top_k), so the per-token figure holds per device
         per_token = replicated / seq_split + (attn_tp + mlp_tp + routed) / tp
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
@@ -99,7 +100,7 @@ def in_flight_microbatches(schedule: str, pp: int, vpp: int, num_microbatches: i
 def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, last: bool,
                     micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
-                    num_microbatches: int, stage: int) -> MemoryBreakdown:
+                    num_microbatches: int, stage: int, expert_tp: int | None = None) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
     dense_params = 0.0
     expert_params = 0.0
@@ -117,18 +118,20 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
         dense_params += model.vocab * model.hidden
     if last and (not model.tied_embeddings or pp > 1):
         dense_params += model.vocab * model.hidden + model.hidden
-    local = dense_params / tp + expert_params / (tp * ep)
-    # data-parallel sharding group: dense params over dp·cp, expert params over dp·cp/ep
+    etp = tp if expert_tp is None else expert_tp
+    local = dense_params / tp + expert_params / (etp * ep)
+    # data-parallel sharding groups: dense params over dp·cp, expert params over tp·dp·cp/(ep·etp)
     dense_dp = dp * cp
-    expert_dp = max(1, dp * cp // ep)
+    expert_dp = max(1, tp * dp * cp // (ep * etp))
     shard_dense = dense_params / tp / dense_dp
-    shard_expert = expert_params / (tp * ep) / expert_dp
+    shard_expert = expert_params / (etp * ep) / expert_dp
     sharded = shard_dense + shard_expert
     weights = WEIGHT_BYTES * (sharded if zero >= 3 else local)
     grads = GRAD_BYTES * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
     per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
-                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep)
+                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
+                                        expert_tp=etp)
                  for i in stage_layers)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0

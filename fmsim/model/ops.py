@@ -43,6 +43,8 @@ class Shard:
     ep: int = 1
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
+    attention_kernel: str = "flash"  # flash | unfused (materialised scores, pre-2022 Megatron)
+    expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
 
     @property
     def tokens(self) -> float:
@@ -92,6 +94,7 @@ class Roofline:
     """Achievable rates of one accelerator for one precision setting."""
 
     gemm_flop_per_s: float           # linear layers, in the run's precision
+    gemm_flop_per_s_bf16: float      # 16-bit GEMMs (attention score products)
     attn_flop_per_s: float           # attention core (bf16/fp16 math in every public recipe)
     hbm_bytes_per_s: float
     act_bytes: float                 # bytes per activation element (bf16)
@@ -105,6 +108,7 @@ class Roofline:
         attn_eff = getattr(acc, "attention_efficiency", 0.0) or acc.gemm_efficiency.get(act_precision, 0.7)
         return cls(
             gemm_flop_per_s=acc.gemm_flop_per_s(precision),
+            gemm_flop_per_s_bf16=acc.gemm_flop_per_s(act_precision),
             attn_flop_per_s=acc.peak(act_precision) * attn_eff,
             hbm_bytes_per_s=acc.hbm_bytes_per_s * acc.hbm_efficiency,
             act_bytes=BYTES_PER_ELEMENT[act_precision],
@@ -126,6 +130,12 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
     t, f = rf.gemm(m, n, k)
     cost.gemm_s += t
     cost.flops += f
+    if rf.gemm_in_bytes < rf.act_bytes:
+        # low-precision GEMMs take their activation operand through a fused cast(+transpose) kernel:
+        # read bf16, write the fp8 copy and its transpose for the weight gradient (Transformer Engine
+        # cast_transpose; weights are cast once per step and cached across micro-batches). The
+        # backward's output gradient goes through the same kernel (counted by MEM_BWD_FACTOR).
+        cost.memory_s += m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
 
 
 def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
@@ -149,8 +159,18 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
     # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
     s_keys = sh.seq_len
-    attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
-    c.attention_s += attn_flops / rf.attn_flop_per_s
+    if sh.attention_kernel == "unfused":
+        # Megatron before flash attention: QK^T and AV as batched GEMMs over the full square (the
+        # causal mask is applied, not skipped) and the a·s² scores stored in HBM between them:
+        # written by QK^T (2 B), read and written by the fused scale-mask-softmax (4 B), dropout
+        # reads them and writes output and mask (5 B), AV reads them (2 B) -- 13 B per score
+        # (Korthikanti et al. 2022 §4.1 counts the same tensors: 5·a·s·b stored bytes per token).
+        attn_flops = 2.0 * T * s_keys * (dqk + dv) / t
+        scores = T * s_keys * model.heads / t
+        c.attention_s += max(attn_flops / rf.gemm_flop_per_s_bf16, 0.0) + scores * 13.0 / rf.hbm_bytes_per_s
+    else:
+        attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
+        c.attention_s += attn_flops / rf.attn_flop_per_s
     c.flops += attn_flops
     _gemm(c, rf, T, h, dv / t)
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
@@ -192,36 +212,38 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
 def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Router, all-to-all dispatch, grouped expert GEMMs, shared experts, all-to-all combine.
 
-    Routing is taken as balanced (the measured NeMo/Megatron-Bridge MoE runs force balance);
-    experts are sharded over ``ep`` and each expert's weights over ``tp`` (Megatron's default
-    expert-tensor-parallel size = tp).
+    Routing is taken as balanced (the measured NeMo/Megatron-Bridge MoE runs force balance), so
+    every EP rank receives as many token-expert pairs as its own tokens send out. Each expert is
+    split over ``expert_tp`` ranks (Megatron-Core MoE parallel folding, Liu et al. 2025: experts use
+    their own TP width, usually 1, while attention keeps ``tp``): a rank enters the MoE block with
+    its sequence-parallel shard of T·etp/tp tokens and runs full-width/etp expert GEMMs.
     """
     m = model.moe
     assert m is not None
     c = PassCost()
     h, t, T = model.hidden, sh.tp, sh.tokens
-    _gemm(c, rf, T, m.experts, h)                               # router (replicated)
-    routed_tokens = T * m.top_k                                  # token-expert pairs of this replica shard
+    etp = sh.expert_tp
+    seq_shard = t if sh.sequence_parallel else 1
+    _gemm(c, rf, T / seq_shard, m.experts, h)                  # router on the local tokens
+    tokens_in = T * etp / t
+    rows = tokens_in * m.top_k                                   # token-expert pairs this rank computes
     up = m.expert_ffn_hidden * (2 if model.gated else 1)
-    # each EP rank runs its E/ep experts on the tokens routed to them: routed_tokens / ep rows
-    rows = routed_tokens / sh.ep
-    _gemm(c, rf, rows, up / t, h)
-    _gemm(c, rf, rows, h, m.expert_ffn_hidden / t)
+    _gemm(c, rf, rows, up / etp, h)
+    _gemm(c, rf, rows, h, m.expert_ffn_hidden / etp)
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
-        _gemm(c, rf, T, sw * (2 if model.gated else 1) / t, h)
-        _gemm(c, rf, T, h, sw / t)
-    seq_shard = t if sh.sequence_parallel else 1
-    c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / t
-                            + 2 * routed_tokens * h / seq_shard)   # permute / unpermute copies
-    if t > 1:
+        _gemm(c, rf, tokens_in, sw * (2 if model.gated else 1) / etp, h)
+        _gemm(c, rf, tokens_in, h, sw / etp)
+    # norm and residual on the SP shard; activation; permute/unpermute copies of the routed rows
+    c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
+    if etp > 1:
         if sh.sequence_parallel:
             c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
             c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
         else:
             c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
     if sh.ep > 1:
-        a2a = routed_tokens / seq_shard * h * rf.act_bytes      # bytes each rank sends (nccl-tests size)
+        a2a = rows * h * rf.act_bytes                            # bytes each rank sends (nccl-tests size)
         c.comms.append(CommRequest("ep", "all-to-all", a2a))   # dispatch
         c.comms.append(CommRequest("ep", "all-to-all", a2a))   # combine
     return c

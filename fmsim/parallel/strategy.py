@@ -264,11 +264,15 @@ def build_plan(sc) -> Plan:
             f"global_batch {w.global_batch} is not a multiple of dp·micro_batch = {dp * w.micro_batch}",
             file=sc.file, field="workload.global_batch")
     m = per_replica // w.micro_batch
-    order = tuple(getattr(par, "order", ("tp", "cp", "ep", "pp", "dp")))
-    shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order))
+    order = tuple(par.order)
+    # experts: their own TP width (Megatron-Core MoE parallel folding) -- tp without EP, 1 with EP
+    etp = tp if ep == 1 else 1
+    shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order,
+                        expert_tp=etp))
     layers = split_layers(model.layers, pp, vpp)
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
-                  sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision)
+                  sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
+                  attention_kernel=getattr(w, "attention_kernel", "flash"), expert_tp=etp)
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp)
@@ -282,14 +286,14 @@ def build_plan(sc) -> Plan:
         pp_cross = pp_shape.per_node < pp_shape.size
     # data parallel: gradient reduce-scatter (fp32 main grads) in buckets, param all-gather (bf16)
     dp_shape = shapes["dp"]
-    edp = max(1, dp * cp // ep)
+    edp = max(1, tp * dp * cp // (ep * etp))
     buckets, gathers, opt, mem = [], [], [], []
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     for s in range(pp):
         mine = [i for c in range(vpp) for i in layers[c * pp + s]]
         dense, expert = stage_params(model, mine, s == 0, s == pp - 1, pp)
-        local_dense, local_expert = dense / tp, expert / (tp * ep)
+        local_dense, local_expert = dense / tp, expert / (etp * ep)
         reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
         times = []
         for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
@@ -312,7 +316,8 @@ def build_plan(sc) -> Plan:
         mem.append(training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
-                                   recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s))
+                                   recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
+                                   expert_tp=etp))
     return Plan(
         name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
         seq_len=w.seq_len, global_batch=w.global_batch, micro_batch=w.micro_batch, num_microbatches=m,
@@ -335,7 +340,7 @@ def _dp_group(dp_shape: GroupShape, cp: int, shapes: Mapping[str, GroupShape]) -
 
 
 def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
-    """Expert gradients reduce over the dp·cp/ep ranks holding the same experts."""
+    """Expert gradients reduce over the tp·dp·cp/(ep·etp) ranks holding the same experts."""
     dp_shape = shapes["dp"]
     return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
 

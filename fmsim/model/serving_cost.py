@@ -1,0 +1,579 @@
+"""Per-iteration cost of a continuous-batching serving engine: prefill and decode batches.
+
+Owns the serving engine profiles (global, sourced figures per engine: per-iteration overhead,
+default limits, memory semantics) and :class:`ServingCostModel`, a frozen set of coefficients
+derived once from (model, accelerator, precision, parallelism) that prices one engine iteration
+from aggregate sums of its batch:
+
+* linear layers as one roofline each (dense part, routed experts, LM head): FLOPs at the
+  accelerator's achievable GEMM rate vs weight bytes at its achievable HBM bandwidth;
+* attention as a roofline over (query, context) pairs: causal prefill is compute-bound, decode
+  reads every context token's K/V once (bandwidth-bound), MLA reads its compressed latent;
+* routed-expert weight traffic scaled by the expected number of distinct experts a batch of T
+  tokens touches, ``E * (1 - (1 - k/E)^T)``;
+* tensor-parallel all-reduces per layer, expert-parallel all-to-alls per MoE layer (from the fabric
+  engineer's ``fmsim.hardware.collectives.collective_time``) and pipeline hops;
+* a fixed per-iteration overhead, global per engine (:data:`ENGINES`).
+
+Because every decode sequence adds one context token per step, a decode-only iteration costs
+``c0 + c1 * sum(context)``: :meth:`ServingCostModel.decode_coeffs` gives (c0, c1) so the DES can
+jump over many identical steps in closed form.
+
+Convention: one *engine* is the group of GPUs that steps one batch together -- ``tp`` GPUs (or
+``max(tp, ep)`` with data-parallel attention). With pipeline parallelism an engine is one
+microbatch's path through all ``pp`` stages: its iteration takes the sum of the stage times
+(all layers, each stage reading its own weights), and a replica runs ``pp`` engines at once.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, OutOfMemoryError, ParallelismError
+
+# Bytes per element. NVFP4 packs 16 four-bit values with one FP8 (E4M3) scale:
+# 0.5 + 1/16 bytes per element (NVIDIA, "Introducing NVFP4 for efficient and accurate
+# low-precision inference", developer blog 2025, block size 16 with an FP8 scale).
+BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+ACT_BYTES = 2.0          # activations and collectives move bf16
+LOGIT_BYTES = 4.0        # fp32 logits in the sampler
+# Device memory a serving process cannot use: CUDA context and allocator reserve, ~0.5-1 GiB per
+# GPU (hardware_catalog/accelerators.yaml header, "hbm:" convention); the upper end, as engines
+# also keep CUDA-graph pools.
+RUNTIME_RESERVE_BYTES = 2.0 ** 30
+# Fixed time of one GPU kernel beyond its roofline (launch, pipeline fill, tail wave). Derived
+# from DeepGEMM's published FP8 GEMM table on H800 (README, 2025-02: M=64/128 rows, e.g.
+# 64x2112x7168 at 206 TFLOP/s = 9.4 us vs a 5.1 us roofline at 0.88 x 3.35 TB/s): measured minus
+# roofline is 2.4-5.9 us over the four small-M rows, mean 4.2 us. Global, applied per kernel.
+KERNEL_FIXED_S = 4.2e-6
+# Kernels per transformer layer in a fused inference engine: norm, QKV GEMM, RoPE/KV append,
+# attention, output GEMM, norm, gate-up GEMM, activation, down GEMM (9); an MoE layer adds the
+# router GEMM, top-k, token permute and un-permute and runs grouped GEMMs (13; +3 with shared
+# experts). Collectives are priced by the fabric model, not counted here.
+KERNELS_DENSE_LAYER = 9
+KERNELS_MOE_LAYER = 13
+KERNELS_PER_ITERATION = 3   # embedding, LM head, sampling
+
+
+# ----------------------------------------------------------------------------------------------
+# engine profiles (global figures, one per engine family)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineProfile:
+    """What a serving engine does by default, and its fixed per-iteration overhead.
+
+    The overhead is CPU scheduling / input preparation / kernel-launch time that the GPU waits
+    for on every iteration. It is a global figure per engine with its source, never set per
+    scenario.
+    """
+
+    name: str
+    iteration_overhead_s: float
+    max_seqs: int | None            # None: derive from KV capacity (see ``auto_limits``)
+    max_batch_tokens: int | None
+    chunked_prefill: bool
+    mixed_batches: bool             # prefill chunks and decodes in one iteration
+    prefix_caching: bool
+    kv_block_size: int
+    memory_fraction: float
+    memory_fraction_of: str         # "total": frac*HBM - weights; "free": frac*(HBM - weights - act)
+    admission: str                  # optimistic (preempt+recompute) | reserve (no eviction)
+    kv_follows_quantization: bool   # kv_cache_dtype auto = fp8 when weights are fp8/fp4
+    source: str
+    graph_batch_sizes: tuple[int, ...] = ()   # decode-only batches run as CUDA graphs padded up to these
+    cpu_overhead_fraction: float = 0.0        # share of wall time the GPU waits for the CPU scheduler
+
+
+ENGINES: Mapping[str, EngineProfile] = {
+    "vllm": EngineProfile(
+        name="vllm", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
+        chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
+        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
+        kv_follows_quantization=False,
+        source="vLLM engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization 0.9, "
+               "kv_cache_dtype auto = model dtype), https://docs.vllm.ai/en/latest/serving/engine_args.html; "
+               "V1 scheduler: chunked prefill and prefix caching on by default, 'near-zero CPU overhead' "
+               "(vLLM blog 2025-01-27 'vLLM V1: A Major Upgrade'); recompute preemption "
+               "(Kwon et al., SOSP'23 PagedAttention, sec. 4.5)"),
+    "trtllm": EngineProfile(
+        name="trtllm", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=None,
+        chunked_prefill=False, mixed_batches=True, prefix_caching=True, kv_block_size=32,
+        memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
+        kv_follows_quantization=True,
+        graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
+        source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
+               "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
+               "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
+               "CPU work behind GPU work (docs/source/features/overlap-scheduler.md); trtllm-bench sizes "
+               "max_batch_size from KV capacity / (ISL+OSL) and max_num_tokens from batch x (1+ISL/OSL), "
+               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py)"),
+    "sglang-0.3": EngineProfile(
+        name="sglang-0.3", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
+        chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
+        memory_fraction=0.88, memory_fraction_of="total", admission="optimistic",
+        kv_follows_quantization=False, cpu_overhead_fraction=0.09,
+        source="SGLang before v0.4 (scheduler not overlapped with the GPU): the v0.4 zero-overhead "
+               "batch scheduler gave '1.1x increase in throughput' (LMSYS blog 2024-12-04), i.e. the "
+               "GPU waited 1 - 1/1.1 = 9% of the time; other defaults as sglang"),
+    "sglang": EngineProfile(
+        name="sglang", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
+        chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
+        memory_fraction=0.88, memory_fraction_of="total", admission="optimistic",
+        kv_follows_quantization=False,
+        source="SGLang server arguments (chunked_prefill_size 8192, page_size 1, mixed chunk off, "
+               "radix cache on, mem_fraction_static ~0.88), https://docs.sglang.ai/backend/server_arguments.html; "
+               "zero-overhead batch scheduler (LMSYS blog 2024-12-04 'SGLang v0.4')"),
+}
+
+
+def engine_profile(name: str) -> EngineProfile:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        from ..catalog import suggest
+
+        raise ConfigError(f"unknown serving engine {name!r}{suggest(name, tuple(ENGINES))}") from None
+
+
+def auto_limits(kv_capacity_tokens: float, prompt_len: float, output_len: float, *,
+                chunked_prefill: bool = True, max_prompt_len: float | None = None) -> tuple[int, int]:
+    """(max_seqs, max_batch_tokens) sized to the KV cache, as trtllm-bench does.
+
+    Batch limit = requests whose whole sequence fits the KV cache, capped at 4096 and rounded
+    up to a multiple of 32/128/256; token budget = batch x (1 + ISL/OSL), at least 2048, at most
+    32768 (tensorrt_llm/bench/build/tuning.py, ``finetune_setting``). Without chunked prefill the
+    budget is raised to hold the longest prompt next to a full batch of decodes, max ISL + batch
+    (tensorrt_llm/bench/benchmark/utils/general.py, ``get_settings``). Rules restated, not copied.
+    """
+    raw_bs = min(kv_capacity_tokens / max(1.0, prompt_len + output_len), 4096.0)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        bs = 128 * math.ceil(raw_bs / 128)
+    else:
+        bs = 256 * math.ceil(raw_bs / 256)
+    raw_tok = min(raw_bs * (1.0 + prompt_len / max(1.0, output_len)), 32768.0)
+    if raw_tok < 4096:
+        tok = max(2048, 256 * math.ceil(raw_tok / 256))
+    elif raw_tok < 8192:
+        tok = 512 * math.ceil(raw_tok / 512)
+    else:
+        tok = 1024 * math.ceil(raw_tok / 1024)
+    if not chunked_prefill:
+        tok = max(tok, int(math.ceil(max_prompt_len or prompt_len)) + bs)
+    return int(bs), int(tok)
+
+
+# ----------------------------------------------------------------------------------------------
+# communication
+
+
+CollectiveFn = Callable[..., float]   # (op, bytes, group size, per_node=None) -> seconds
+
+
+def fabric_collective(instance: Any) -> CollectiveFn:
+    """``(op, size, group, per_node=None) -> seconds`` from the fabric model on ``instance``.
+
+    Ops and size conventions are those of :func:`fmsim.hardware.collectives.collective_time`
+    (nccl-tests). ``per_node`` defaults to packing the group into as few nodes as possible. Each
+    (op, group, per_node) is sampled once on a log grid of sizes and interpolated linearly in size
+    (collective costs are piecewise alpha-beta, so interpolation between close sizes is tight).
+    """
+    from ..hardware.collectives import GroupShape, collective_time
+
+    grid = np.array([2.0 ** k for k in range(6, 36)])
+    tables: dict[tuple[str, int, int], np.ndarray] = {}
+
+    def fn(op: str, size: float, group: int, per_node: int | None = None) -> float:
+        if size <= 0 or group <= 1:
+            return 0.0
+        pn = per_node or min(group, instance.num_accelerators)
+        key = (op, group, pn)
+        t = tables.get(key)
+        if t is None:
+            shape = GroupShape(size=group, per_node=pn)
+            t = np.array([collective_time(op, float(x), instance, shape).time_s for x in grid])
+            tables[key] = t
+        if size >= grid[-1]:
+            slope = (t[-1] - t[-2]) / (grid[-1] - grid[-2])
+            return float(t[-1] + slope * (size - grid[-1]))
+        return float(np.interp(size, grid, t))
+
+    return fn
+
+
+def transfer_time(size_bytes: float, instance: Any, *, same_node: bool, streams: int = 1,
+                  collective: CollectiveFn | None = None) -> float:
+    """Point-to-point copy of ``size_bytes`` split over ``streams`` GPU pairs working in parallel.
+
+    One ``send-recv`` of the fabric model per pair (scale-up link inside a node; the pair's share
+    of the scale-out NICs between nodes); the pairs use disjoint links, so the time is one pair's.
+    """
+    if size_bytes <= 0:
+        return 0.0
+    fn = collective or fabric_collective(instance)
+    return fn("send-recv", size_bytes / max(1, streams), 2, 2 if same_node else 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# the cost model
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationWork:
+    """Aggregate sums describing one engine iteration (all counts over the whole engine batch)."""
+
+    tokens: int = 0                 # tokens through the linear layers (prefill chunk tokens + decodes)
+    logits: int = 0                 # rows through the LM head (decodes + prefills finishing)
+    decode_seqs: int = 0
+    decode_ctx: float = 0.0         # sum of decode sequences' context lengths
+    prefill_pairs: float = 0.0      # causal (query, key) pairs of prefill chunks: sum c*(p + (c+1)/2)
+    prefill_kv_reads: float = 0.0   # context tokens whose K/V prefill attention reads (once per chunk)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingCostModel:
+    """Coefficients of one engine's iteration time; build with :func:`build_cost_model`.
+
+    All byte and FLOP coefficients are per GPU of the engine (the slowest, symmetric GPU sets
+    the pace); times are seconds.
+    """
+
+    model_name: str
+    engine_gpus: int
+    tp: int
+    pp: int
+    attention_dp: bool
+    precision: str
+    kv_dtype: str
+    gemm_flop_per_s: float          # weights precision
+    attn_flop_per_s: float          # bf16 attention math
+    lm_flop_per_s: float            # bf16 LM head
+    hbm_bytes_per_s: float          # achievable
+    dense_weight_bytes: float       # non-expert layer weights read per iteration, per GPU
+    dense_flop_per_token: float
+    expert_weight_bytes: float      # all routed experts' weights on one GPU
+    elementwise_bytes_per_token: float  # norms, residual adds, RoPE, activation function (per GPU)
+    expert_flop_per_token: float
+    num_experts: int
+    top_k: int
+    lm_weight_bytes: float
+    lm_flop_per_logit: float
+    kv_read_bytes_per_ctx: float    # bytes read per GPU per decode context token
+    kv_write_bytes_per_token: float
+    attn_flop_per_pair_decode: float
+    attn_flop_per_pair_prefill: float
+    kv_bytes_per_token_per_gpu: float   # stored KV per token on each GPU that holds it
+    kv_bytes_per_token_total: float     # one copy of a token's KV over all layers (what a hand-off moves)
+    kv_tokens_split: int            # attention groups among which an engine's tokens are split
+    weight_bytes_per_gpu: float     # resident weights per GPU (this stage)
+    layers: int
+    hidden: int
+    num_all_reduce: int             # per iteration
+    num_all_to_all: int             # per iteration (each dispatch or combine)
+    dp_groups: int                  # data-parallel attention groups in the engine (1 = plain TP)
+    pp_same_node: bool              # pipeline stages inside one node (NVLink hops) or across nodes
+    overhead_s: float
+    kernel_fixed_s: float = 0.0     # fixed kernel costs of one iteration (all layers)
+    cpu_overhead_fraction: float = 0.0
+    graph_batch_sizes: tuple[int, ...] = ()
+    collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _touched_fraction(self, tokens: float) -> float:
+        # Expected share of E experts hit when each of T tokens picks k distinct experts uniformly:
+        # 1 - (1 - k/E)^T (balls-into-bins occupancy; uniform routing is the load-balanced limit).
+        if self.num_experts == 0 or tokens <= 0:
+            return 0.0
+        return 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
+
+    def comm_time(self, tokens: float) -> float:
+        """TP all-reduces, EP all-to-alls and pipeline hops of one iteration with ``tokens``."""
+        if tokens <= 0:
+            return 0.0
+        t = 0.0
+        if self.collective is not None:
+            if self.num_all_reduce:
+                # each attention group all-reduces its own tokens' activations (Megatron-LM TP)
+                size = tokens / self.dp_groups * self.hidden * ACT_BYTES
+                t += self.num_all_reduce * self.collective("all-reduce", size, self.tp)
+            if self.num_all_to_all:
+                # dispatch / combine: every GPU sends its tokens' top-k hidden states
+                size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
+                t += self.num_all_to_all * self.collective("all-to-all", size, self.engine_gpus // self.pp)
+            if self.pp > 1:
+                # activations cross each stage boundary; every rank sends its shard to its peer
+                size = tokens * self.hidden * ACT_BYTES / (self.engine_gpus // self.pp)
+                t += (self.pp - 1) * self.collective("send-recv", size, 2, 2 if self.pp_same_node else 1)
+        return t
+
+    def linear_time(self, tokens: float, logits: float) -> float:
+        """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
+        if tokens <= 0:
+            return 0.0
+        f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
+        t = max(self.dense_flop_per_token * tokens / f, self.dense_weight_bytes / b)
+        t += self.elementwise_bytes_per_token * tokens / b
+        if self.num_experts:
+            t += max(self.expert_flop_per_token * tokens / f,
+                     self.expert_weight_bytes * self._touched_fraction(tokens) / b)
+        if logits > 0:
+            t += max(self.lm_flop_per_logit * logits / self.lm_flop_per_s, self.lm_weight_bytes / b)
+        return t
+
+    def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
+        b = self.hbm_bytes_per_s
+        tok = w.tokens if padded_tokens is None else padded_tokens
+        t = self.linear_time(tok, w.logits if padded_tokens is None else padded_tokens)
+        if w.decode_ctx > 0:
+            t += max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
+                     self.kv_read_bytes_per_ctx * w.decode_ctx / b)
+        if w.prefill_pairs > 0:
+            t += max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
+                     self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b)
+        t += self.kv_write_bytes_per_token * w.tokens / b
+        return t + self.comm_time(tok) + self.kernel_fixed_s
+
+    def _wall(self, gpu_s: float) -> float:
+        # an engine whose CPU work is not overlapped keeps the GPU idle a fixed share of the time
+        return gpu_s / (1.0 - self.cpu_overhead_fraction) + self.overhead_s
+
+    def iteration_time(self, w: IterationWork) -> float:
+        """Seconds of one engine iteration doing ``w``."""
+        if w.tokens <= 0:
+            return 0.0
+        return self._wall(self._gpu_time(w))
+
+    def breakdown(self, w: IterationWork) -> dict[str, float]:
+        """The parts of :meth:`iteration_time` (seconds), for reports."""
+        b = self.hbm_bytes_per_s
+        dec = max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
+                  self.kv_read_bytes_per_ctx * w.decode_ctx / b) if w.decode_ctx else 0.0
+        pre = max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
+                  self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b) if w.prefill_pairs else 0.0
+        gpu = self._gpu_time(w)
+        return {"linear_s": self.linear_time(w.tokens, w.logits), "attention_decode_s": dec,
+                "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * w.tokens / b,
+                "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_fixed_s,
+                "overhead_s": self._wall(gpu) - gpu}
+
+    def padded(self, n: int) -> int:
+        """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any."""
+        for g in self.graph_batch_sizes:
+            if g >= n:
+                return g
+        return n
+
+    def decode_coeffs(self, n: int) -> tuple[float, float]:
+        """(c0, c1): a decode-only iteration of ``n`` sequences takes ``c0 + c1 * sum(context)``.
+
+        Linear layers and collectives run the padded batch (CUDA-graph engines replay a graph
+        captured for the next larger size; padding rows attend to nothing).
+        """
+        w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=0.0)
+        g0 = self._gpu_time(w, padded_tokens=self.padded(n))
+        g1 = max(self.attn_flop_per_pair_decode / self.attn_flop_per_s,
+                 self.kv_read_bytes_per_ctx / self.hbm_bytes_per_s)
+        scale = 1.0 / (1.0 - self.cpu_overhead_fraction)
+        return g0 * scale + self.overhead_s, g1 * scale
+
+    def prefill_time(self, prompt: int, cached: int = 0) -> float:
+        """One prompt alone: its uncached tokens in one iteration (no decodes)."""
+        new = max(1, prompt - cached)
+        return self.iteration_time(prefill_work(new, cached, finishing=True))
+
+    # -- memory ---------------------------------------------------------------------------
+    def activation_bytes(self, max_batch_tokens: int, max_seqs: int, model: Any) -> float:
+        """Activation workspace per GPU for the engine's largest iteration.
+
+        A few hidden-size buffers plus the MLP intermediate per token (bf16), and fp32 logits for
+        every sequence -- the buffers TensorRT-LLM and vLLM size from max tokens / max sequences.
+        """
+        split = self.tp
+        ffn = model.ffn_hidden if model.moe is None else max(model.ffn_hidden, model.moe.expert_ffn_hidden)
+        per_token = (4 * model.hidden + 3 * ffn / split) * ACT_BYTES
+        return max_batch_tokens * per_token + max_seqs * model.vocab / split * LOGIT_BYTES
+
+    def kv_capacity_tokens(self, *, hbm_bytes: float, memory_fraction: float, fraction_of: str,
+                           activation_bytes: float) -> int:
+        """Tokens of KV cache one engine holds (every GPU holding its slice or its sequences)."""
+        usable = hbm_bytes - RUNTIME_RESERVE_BYTES
+        if fraction_of == "free":
+            kv = memory_fraction * (usable - self.weight_bytes_per_gpu - activation_bytes)
+        else:
+            kv = memory_fraction * usable - self.weight_bytes_per_gpu - activation_bytes
+        if kv <= 0:
+            raise OutOfMemoryError(
+                f"{self.model_name} in {self.precision} needs {self.weight_bytes_per_gpu / 2**30:.1f} GiB of "
+                f"weights per GPU (tp={self.tp}, pp={self.pp}); with {activation_bytes / 2**30:.1f} GiB of "
+                f"activations nothing is left for the KV cache in {hbm_bytes / 2**30:.1f} GiB x "
+                f"{memory_fraction:g} -- raise tp/pp or lower the precision",
+                breakdown={"weights": self.weight_bytes_per_gpu, "activations": activation_bytes,
+                           "hbm": hbm_bytes})
+        return int(kv / self.kv_bytes_per_token_per_gpu) * self.kv_tokens_split
+
+
+def prefill_work(chunk: int, past: int, *, finishing: bool) -> IterationWork:
+    """Work of one prefill chunk of ``chunk`` new tokens after ``past`` tokens already in KV."""
+    return IterationWork(tokens=chunk, logits=1 if finishing else 0,
+                         prefill_pairs=causal_pairs(chunk, past),
+                         prefill_kv_reads=kv_stream_tokens(chunk, past))
+
+
+def causal_pairs(chunk: int, past: int) -> float:
+    """(query, key) pairs a causal chunk computes: each new token attends to ``past`` + its prefix."""
+    return chunk * past + chunk * (chunk + 1) / 2.0
+
+
+def kv_stream_tokens(chunk: int, past: int) -> float:
+    """Context tokens whose K/V a prefill chunk reads from HBM: its whole context, once.
+
+    FlashAttention re-reads K/V blocks for every query tile (Dao 2023, Algorithm 1), but those
+    re-reads hit L2: FlashAttention-3 runs long causal prefills compute-bound at 600-740 TFLOP/s
+    bf16 on H100 (Shah et al. 2024, Fig. 5), so HBM sees each context token about once per chunk.
+    """
+    return float(past + chunk)
+
+
+def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str, tp: int, pp: int = 1,
+                     ep: int = 1, attention_dp: bool = False, overhead_s: float = 0.0,
+                     collective: CollectiveFn | None | str = "fabric",
+                     graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
+                     kernel_fixed_s: float | None = None) -> ServingCostModel:
+    """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
+
+    Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
+    included; ``ep`` changes where experts sit, not what each GPU reads). With ``attention_dp``
+    and ``ep > 1`` it is ``tp * ep`` GPUs: ``ep`` attention groups of ``tp`` GPUs each serve their
+    own sequences, and the routed experts are spread over all ``tp * ep`` GPUs, reached by
+    all-to-all dispatch/combine (DeepSeek-V3 / SGLang / TensorRT-LLM "attention DP + EP").
+
+    ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
+    ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
+    """
+    acc = instance.accelerator
+    if tp < 1 or pp < 1 or ep < 1:
+        raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
+    if pp > model.layers:
+        raise ParallelismError(f"pp={pp} exceeds {model.layers} layers")
+    if model.heads % tp:
+        raise ParallelismError(f"tp={tp} does not divide {model.heads} attention heads")
+    moe = model.moe
+    groups = ep if (attention_dp and moe is not None) else 1
+    gpus = tp * groups
+    if moe is not None and moe.experts % gpus and gpus % moe.experts:
+        raise ParallelismError(f"{moe.experts} experts do not spread evenly over the engine's {gpus} GPUs")
+    if precision not in BYTES_PER_ELEMENT:
+        raise ConfigError(f"unknown precision {precision!r}")
+    bw = BYTES_PER_ELEMENT[precision]
+    bkv = BYTES_PER_ELEMENT[kv_dtype]
+
+    L = model.layers
+    n_moe = model.num_moe_layers if moe else 0
+    n_dense = L - n_moe
+    p_attn = model.attention_params()
+    dense_ffn = (moe.dense_ffn_hidden if (moe and moe.dense_ffn_hidden) else model.ffn_hidden)
+    p_mlp = model.mlp_params(dense_ffn)
+    if moe:
+        p_shared = moe.shared_experts * model.mlp_params(moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden)
+        p_router = model.hidden * moe.experts
+        p_expert = model.mlp_params(moe.expert_ffn_hidden)
+    else:
+        p_shared = p_router = p_expert = 0
+    # non-expert weights (attention, dense MLPs, shared experts, routers): TP-sharded inside an
+    # attention group, replicated across groups; each GPU computes for its group's tokens
+    p_nonexp = L * p_attn + n_dense * p_mlp + n_moe * (p_shared + p_router)
+    dense_bytes = p_nonexp * bw / tp
+    dense_flop = 2.0 * p_nonexp / gpus
+    # routed experts: spread over all the engine's GPUs; FLOPs follow the top-k tokens
+    expert_bytes = n_moe * (moe.experts if moe else 0) * p_expert * bw / gpus
+    expert_flop = 2.0 * n_moe * (moe.top_k if moe else 0) * p_expert / gpus
+    # Element-wise passes over the activations, per token and layer (bf16 elements read + written):
+    # two fused residual-add + RMSNorm (read x and residual, write both: 4h each), RoPE on the
+    # local q and k heads (read + write), and the SwiGLU/GELU activation over the local MLP width
+    # (read gate and up, write one: 3 x ffn; 2 x ffn ungated). Llama-style block structure
+    # (Touvron et al. 2023, sec. 2.2); MoE layers apply it to the top-k experts' widths.
+    qk_local = (model.heads + model.kv_heads) * model.head_dim / tp
+    act_mult = 3 if model.gated else 2
+    if moe:
+        moe_ffn = moe.top_k * moe.expert_ffn_hidden + moe.shared_experts * (
+            moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden)
+        ffn_local = (n_dense * dense_ffn / tp + n_moe * moe_ffn / gpus * groups) / L
+    else:
+        ffn_local = dense_ffn / tp
+    elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
+
+    # LM head kept in bf16 (quantization recipes leave it unquantized)
+    lm_bytes = model.vocab * model.hidden * ACT_BYTES / tp
+    lm_flop = 2.0 * model.vocab * model.hidden / gpus
+
+    # KV cache per token. GQA/MHA: K and V of kv_heads heads per layer, heads split over TP
+    # ranks (replicated when tp > kv_heads). MLA (DeepSeek-V2, Liu et al. 2024, eq. 9-10): one
+    # compressed latent of kv_lora_rank plus the decoupled RoPE key, shared by all heads.
+    if model.attention == "mla" and model.mla is not None:
+        m = model.mla
+        kv_per_gpu = L * (m.kv_lora_rank + m.qk_rope_dim) * bkv   # every TP rank keeps the full latent
+        kv_total = kv_per_gpu
+        # absorbed decode: scores over (kv_lora + rope) dims and values over kv_lora, all heads
+        f_dec = 2.0 * L * model.heads * (2 * m.kv_lora_rank + m.qk_rope_dim)
+        # prefill decompresses: q.k over (nope + rope) dims and p.v over v_head_dim
+        f_pre = 2.0 * L * model.heads * (m.qk_nope_dim + m.qk_rope_dim + m.v_head_dim)
+    else:
+        kv_heads_gpu = max(1.0, model.kv_heads / tp)
+        kv_per_gpu = 2.0 * L * kv_heads_gpu * model.head_dim * bkv
+        kv_total = 2.0 * L * model.kv_heads * model.head_dim * bkv
+        f_dec = f_pre = 4.0 * L * model.heads * model.head_dim   # QK^T and PV, 2 FLOPs per MAC
+    # a batch's sequences are split over the attention groups; heads over a group's tp GPUs
+    kv_read = kv_per_gpu / groups
+    f_dec, f_pre = f_dec / gpus, f_pre / gpus
+
+    # resident weights per GPU: this stage's layers plus the embedding / LM head at the ends
+    layer_bytes = dense_bytes + expert_bytes
+    embed = model.vocab * model.hidden * ACT_BYTES / tp
+    ends = (embed if model.tied_embeddings else 2 * embed) if pp == 1 else embed
+    weights_gpu = layer_bytes / pp + ends
+
+    n_ar = 2 * L if tp > 1 else 0               # after attention and after the MLP (Megatron-LM)
+    n_a2a = 2 * n_moe if groups > 1 else 0      # dispatch + combine per MoE layer
+    if collective == "fabric":
+        coll: CollectiveFn | None = fabric_collective(instance) if gpus * pp > 1 else None
+    else:
+        coll = collective  # type: ignore[assignment]
+
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    return ServingCostModel(
+        model_name=model.name, engine_gpus=gpus * pp, tp=tp, pp=pp, attention_dp=groups > 1,
+        precision=precision, kv_dtype=kv_dtype,
+        gemm_flop_per_s=acc.gemm_flop_per_s(precision), attn_flop_per_s=acc.gemm_flop_per_s("bf16"),
+        lm_flop_per_s=acc.gemm_flop_per_s("bf16"), hbm_bytes_per_s=hbm,
+        dense_weight_bytes=dense_bytes, dense_flop_per_token=dense_flop,
+        expert_weight_bytes=expert_bytes, expert_flop_per_token=expert_flop,
+        elementwise_bytes_per_token=elementwise,
+        num_experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
+        lm_weight_bytes=lm_bytes, lm_flop_per_logit=lm_flop,
+        kv_read_bytes_per_ctx=kv_read, kv_write_bytes_per_token=kv_read,
+        attn_flop_per_pair_decode=f_dec, attn_flop_per_pair_prefill=f_pre,
+        kv_bytes_per_token_per_gpu=kv_per_gpu / pp, kv_bytes_per_token_total=kv_total,
+        kv_tokens_split=groups,
+        weight_bytes_per_gpu=weights_gpu, layers=L, hidden=model.hidden,
+        num_all_reduce=n_ar, num_all_to_all=n_a2a, dp_groups=groups,
+        pp_same_node=gpus * pp <= instance.num_accelerators, overhead_s=overhead_s,
+        kernel_fixed_s=(n_dense * KERNELS_DENSE_LAYER + n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0))
+                        + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
+        cpu_overhead_fraction=cpu_overhead_fraction,
+        graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
+    )
+
+
+def kv_dtype_for(precision: str, requested: str, profile: EngineProfile) -> str:
+    """The KV cache dtype: as requested, or ``auto`` per the engine's convention."""
+    if requested != "auto":
+        return requested
+    if profile.kv_follows_quantization and precision in ("fp8", "fp4"):
+        return "fp8"
+    return precision if precision in ("bf16", "fp16", "fp32") else "bf16"
