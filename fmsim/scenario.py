@@ -105,7 +105,10 @@ WORKLOAD_KEYS = (
     "micro_batch",
     "train_tokens",
     "attention_kernel",
+    "lora",
 )
+LORA_KEYS = ("rank", "modules")
+LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "unfused")
 PARALLELISM_KEYS = (
     "tp",
@@ -193,6 +196,8 @@ class Workload:
     micro_batch: int = 1
     train_tokens: float | None = None
     attention_kernel: str = "flash"  # flash | unfused (scores materialised, as before flash attention)
+    lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
+    lora_modules: str = "all"        # all | attention
 
     @property
     def tokens_per_step(self) -> int:
@@ -818,6 +823,13 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         )
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
+    lora_rank, lora_modules = 0, "all"
+    lo = wl.section("lora", LORA_KEYS)
+    if lo is not None:
+        if kind not in TRAINING_KINDS:
+            raise wl.err("lora", f"applies to training kinds only, not {kind!r}")
+        lora_rank = lo.integer("rank", _MISSING, counts=True, hint="adapter rank, e.g. 16")
+        lora_modules = lo.choice("modules", LORA_MODULES, "all")
     return Workload(
         kind=kind,
         model=model,
@@ -827,6 +839,8 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         micro_batch=micro_batch,
         train_tokens=train_tokens,
         attention_kernel=attention_kernel,
+        lora_rank=lora_rank,
+        lora_modules=lora_modules,
     ), wl
 
 
@@ -1366,6 +1380,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["train_tokens"] = wl.train_tokens
     if wl.attention_kernel != "flash":
         workload["attention_kernel"] = wl.attention_kernel
+    if wl.lora_rank:
+        workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
     parallelism = {
         "tp": par.tp,
         "pp": par.pp,

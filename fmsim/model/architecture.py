@@ -143,6 +143,31 @@ class ModelSpec:
         b = (ffn * (2 if self.gated else 1) + self.hidden) if self.bias else 0
         return mats * self.hidden * ffn + b
 
+    def lora_params(self, i: int, rank: int, modules: str = "all") -> int:
+        """Trainable LoRA parameters of layer ``i``: rank·(in + out) per adapted linear layer
+        (Hu et al. 2021, eq. 3). ``modules``: ``attention`` (Q, K, V, O) or ``all`` linear layers
+        (plus the dense or shared-expert MLP; routed experts are not adapted)."""
+        h = self.hidden
+        if self.attention == "mla" and self.mla is not None:
+            m = self.mla
+            dq = self.heads * (m.qk_nope_dim + m.qk_rope_dim)
+            attn = rank * (h + dq) + rank * (h + m.kv_lora_rank + m.qk_rope_dim) \
+                + rank * (self.heads * m.v_head_dim + h)
+        else:
+            dq = self.heads * self.head_dim
+            dkv = 2 * self.kv_heads * self.head_dim
+            attn = rank * (h + dq + dkv) + rank * (dq + h)
+        if modules == "attention":
+            return attn
+        if self.is_moe_layer(i):
+            ffn = (self.moe.shared_expert_ffn_hidden or self.moe.expert_ffn_hidden) * self.moe.shared_experts
+        else:
+            ffn = self.moe.dense_ffn_hidden if (self.moe and self.moe.dense_ffn_hidden) else self.ffn_hidden
+        if not ffn:
+            return attn
+        up = ffn * (2 if self.gated else 1)
+        return attn + rank * (h + up) + rank * (ffn + h)
+
     def router_params(self) -> int:
         """Weights of one MoE router (a hidden x experts linear layer); 0 for a dense model."""
         return self.hidden * self.moe.experts if self.moe else 0

@@ -16,6 +16,7 @@ flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..catalog import Accelerator
@@ -28,6 +29,9 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4"
 ATTENTION_BWD_FACTOR = 2.5
 #: A GEMM's backward computes the data and the weight gradient: 2 × forward.
 GEMM_BWD_FACTOR = 2.0
+#: Output tile shapes (rows × columns) the GEMM library chooses among: CUTLASS's 128×256, 256×128
+#: and 128×128 threadblock tiles for 16- and 8-bit tensor-core GEMMs on SM80/SM90/SM100.
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 #: Elementwise kernels (norms, activations, residuals) move about twice the forward bytes backward.
 MEM_BWD_FACTOR = 2.0
 
@@ -99,6 +103,7 @@ class Roofline:
     hbm_bytes_per_s: float
     act_bytes: float                 # bytes per activation element (bf16)
     gemm_in_bytes: float             # bytes per GEMM input element
+    compute_units: int = 0           # SMs the output tiles are spread over (0: no wave model)
 
     @classmethod
     def of(cls, acc: Accelerator, precision: str) -> "Roofline":
@@ -113,13 +118,34 @@ class Roofline:
             hbm_bytes_per_s=acc.hbm_bytes_per_s * acc.hbm_efficiency,
             act_bytes=BYTES_PER_ELEMENT[act_precision],
             gemm_in_bytes=BYTES_PER_ELEMENT[precision],
+            compute_units=getattr(acc, "compute_units", 0),
         )
+
+    def wave_efficiency(self, m: float, n: float) -> float:
+        """Fraction of the SMs busy over a GEMM's waves of output tiles (wave quantization).
+
+        A GEMM's m×n output is cut into tiles, one per SM at a time; the last wave runs partly
+        empty (NVIDIA, "Matrix Multiplication Background User's Guide", §"Wave quantization").
+        The library picks the tile shape that quantizes best; the shapes are CUTLASS's large
+        Ampere/Hopper/Blackwell tiles. The catalog's large-GEMM efficiency was measured on shapes
+        that fill their waves, so a full wave counts as 1.
+        """
+        if self.compute_units <= 0:
+            return 1.0
+        best = 0.0
+        for tm, tn in GEMM_TILES:
+            tiles = math.ceil(m / tm) * math.ceil(n / tn)
+            waves = math.ceil(tiles / self.compute_units)
+            useful = (m * n) / (tm * tn * waves * self.compute_units)
+            best = max(best, useful)
+        return min(1.0, best)
 
     def gemm(self, m: float, n: float, k: float) -> tuple[float, float]:
         """(seconds, FLOPs) of an (m×k)·(k×n) GEMM: roofline of compute and operand traffic."""
         flops = 2.0 * m * n * k
         traffic = (m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes
-        return max(flops / self.gemm_flop_per_s, traffic / self.hbm_bytes_per_s), flops
+        compute = flops / (self.gemm_flop_per_s * self.wave_efficiency(m, n))
+        return max(compute, traffic / self.hbm_bytes_per_s), flops
 
     def memory(self, elements: float) -> float:
         """Seconds to stream ``elements`` activation elements through HBM (read + write counted)."""
@@ -272,16 +298,20 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     return c
 
 
-def backward_of(fwd: PassCost) -> PassCost:
+def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     """Backward pass of a forward: 2 × GEMM work, 2.5 × attention, 2 × elementwise; the
-    conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat)."""
+    conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat).
+
+    With ``frozen_weights`` (LoRA: the base weights get no gradient) the GEMMs compute only the
+    data gradient, 1 × forward (Hu et al. 2021 §4.2; the rank-r adapters add r/h of that)."""
+    gemm_factor = 1.0 if frozen_weights else GEMM_BWD_FACTOR
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
     comms = [CommRequest(r.axis, conj.get(r.op, r.op), r.size_bytes,
                          overlappable_s=r.overlappable_s * ATTENTION_BWD_FACTOR) for r in fwd.comms]
-    return PassCost(gemm_s=fwd.gemm_s * GEMM_BWD_FACTOR,
+    return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
-                    flops=fwd.flops * GEMM_BWD_FACTOR,
+                    flops=fwd.flops * gemm_factor,
                     comms=comms)
 
 

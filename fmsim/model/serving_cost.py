@@ -165,7 +165,7 @@ def auto_limits(kv_capacity_tokens: float, prompt_len: float, output_len: float,
     else:
         tok = 1024 * math.ceil(raw_tok / 1024)
     if not chunked_prefill:
-        tok = max(tok, int(math.ceil(max_prompt_len or prompt_len)) + bs)
+        tok = max(tok, math.ceil(max_prompt_len or prompt_len) + bs)
     return int(bs), int(tok)
 
 

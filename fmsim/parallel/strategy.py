@@ -16,7 +16,7 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
-from ..model.memory import GRAD_BYTES, WEIGHT_BYTES, MemoryBreakdown, training_memory
+from ..model.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryBreakdown, training_memory
 from ..model.ops import (ATTENTION_BWD_FACTOR, CommRequest, PassCost, Roofline, Shard, backward_of,
                          embedding_forward, layer_forward, logits_forward)
 
@@ -176,7 +176,7 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
 
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
-                      pp: int, vpp: int) -> tuple[StageCost, ...]:
+                      pp: int, vpp: int, frozen_weights: bool = False) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage."""
     rf = Roofline.of(instance.accelerator, shard.precision)
     per_layer: dict[bool, tuple[PassCost, PassCost, PassCost]] = {}
@@ -190,7 +190,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             fwd = PassCost()
             fwd.add(attn)
             fwd.add(mlp)
-            bwd = backward_of(fwd)
+            bwd = backward_of(fwd, frozen_weights=frozen_weights)
             if recompute == "full":
                 rec = fwd
             elif recompute == "selective":
@@ -213,11 +213,11 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
         if v == 0:
             e = embedding_forward(model, shard, rf)
             fwd.add(e)
-            bwd.add(backward_of(e))
+            bwd.add(backward_of(e, frozen_weights=frozen_weights))
         if v == n - 1:
             lg = logits_forward(model, shard, rf)
             fwd.add(lg)
-            bwd.add(backward_of(lg))
+            bwd.add(backward_of(lg, frozen_weights=frozen_weights))
         fc = _exposed(coster, fwd, overlap_tp)
         bc = _exposed(coster, bwd, overlap_tp)
         if rec.comms:
@@ -275,7 +275,8 @@ def build_plan(sc) -> Plan:
                   attention_kernel=getattr(w, "attention_kernel", "flash"), expert_tp=etp)
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
-                               recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp)
+                               recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
+                               frozen_weights=w.lora_rank > 0)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
     pp_shape = shapes.get("pp")
@@ -293,6 +294,10 @@ def build_plan(sc) -> Plan:
     for s in range(pp):
         mine = [i for c in range(vpp) for i in layers[c * pp + s]]
         dense, expert = stage_params(model, mine, s == 0, s == pp - 1, pp)
+        if w.lora_rank:
+            # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
+            dense = float(sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in mine))
+            expert = 0.0
         local_dense, local_expert = dense / tp, expert / (etp * ep)
         reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
         times = []
@@ -313,11 +318,17 @@ def build_plan(sc) -> Plan:
         gathers.append(g)
         owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
         opt.append(owned * OPTIMIZER_BYTES_PER_PARAM / hbm)
-        mem.append(training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
+        mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
-                                   expert_tp=etp))
+                                   expert_tp=etp)
+        if w.lora_rank:
+            # frozen base weights: no gradients or optimizer state for them, only for the adapters
+            mem_s = MemoryBreakdown(weights=mem_s.weights, gradients=GRAD_BYTES * local_dense,
+                                    optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
+                                    logits=mem_s.logits)
+        mem.append(mem_s)
     return Plan(
         name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
         seq_len=w.seq_len, global_batch=w.global_batch, micro_batch=w.micro_batch, num_microbatches=m,

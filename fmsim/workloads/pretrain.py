@@ -40,12 +40,14 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     sched = get_schedule(plan.schedule)
     dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
     jobs: list[Job] = []
-    grad_overlap = overlap and plan.overlap_grad_reduce
-    gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1
+    fsdp = plan.zero >= 3
+    grad_overlap = overlap and plan.overlap_grad_reduce and not fsdp
+    gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1 and not fsdp
     for s in range(pp):
         comp, comm = f"stage{s}", f"dp{s}"
         dp_links = (("tx", s), ("rx", s)) if dp_cross else ()
         gathers_per_chunk = plan.dp_gather_s[s] / vpp
+        reduce_per_chunk = sum(plan.dp_buckets[s]) / vpp
         if gather_overlap and gathers_per_chunk > 0:
             for c in range(vpp):
                 jobs.append(Job(f"gather{s}.{c}", comm, gathers_per_chunk, links=dp_links,
@@ -58,23 +60,33 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
             per_chunk[min(vpp - 1, i * vpp // max(1, len(buckets)))].append(b)
         tasks = sched(pp, vpp, m, s)
         reduce_keys: list[str] = []
-        for t in tasks:
+        task_keys: list[str] = []
+        for k, t in enumerate(tasks):
             v = t.chunk * pp + s
             st = plan.stages[v]
+            fsdp_after: list[str] = []
+            if fsdp and gathers_per_chunk > 0:
+                # ZeRO-3/FSDP: every forward and backward gathers its chunk's weights first, on their
+                # own stream, prefetched one task ahead (Rajbhandari et al. 2020 §5.3; PyTorch FSDP)
+                gk = f"ag{s}.{k}"
+                jobs.append(Job(gk, f"ag{s}", gathers_per_chunk, (task_keys[k - 2],) if k >= 2 else (),
+                                links=dp_links, category="dp", label=f"param all-gather {t.kind}{t.microbatch}"))
+                fsdp_after.append(gk)
             if t.kind == "F":
-                after = [f"F{t.microbatch}.{v - 1}>"] if v > 0 else []
+                after = ([f"F{t.microbatch}.{v - 1}>"] if v > 0 else []) + fsdp_after
                 if gather_overlap and t.microbatch == 0 and gathers_per_chunk > 0:
                     after.append(f"gather{s}.{t.chunk}")
                 key = f"F{t.microbatch}.{v}"
                 jobs.append(Job(key, comp, st.fwd_s, tuple(after), category="forward",
                                 label=f"F mb{t.microbatch} v{v}"))
+                task_keys.append(key)
                 if v < nv - 1:
                     nxt = (v + 1) % pp
                     links = (("tx", s), ("rx", nxt)) if plan.pp_cross_node else ()
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send act mb{t.microbatch} v{v}"))
             else:
-                after = [f"B{t.microbatch}.{v + 1}>"] if v < nv - 1 else [f"F{t.microbatch}.{v}"]
+                after = ([f"B{t.microbatch}.{v + 1}>"] if v < nv - 1 else [f"F{t.microbatch}.{v}"]) + fsdp_after
                 key = f"B{t.microbatch}.{v}"
                 mine = per_chunk[t.chunk] if (t.microbatch == m - 1 and grad_overlap) else []
                 if mine:
@@ -93,13 +105,20 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                 else:
                     jobs.append(Job(key, comp, st.bwd_s, tuple(after), category="backward",
                                     label=f"B mb{t.microbatch} v{v}"))
+                task_keys.append(key)
+                if fsdp and reduce_per_chunk > 0:
+                    # each micro-batch's gradients are reduce-scattered as its backward ends
+                    rk = f"rs{s}.{k}"
+                    jobs.append(Job(rk, f"rs{s}", reduce_per_chunk, (key,), links=dp_links, category="dp",
+                                    label=f"grad reduce-scatter mb{t.microbatch}"))
+                    reduce_keys.append(rk)
                 if v > 0:
                     prv = (v - 1) % pp
                     links = (("tx", s), ("rx", prv)) if plan.pp_cross_node else ()
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send grad mb{t.microbatch} v{v}"))
         last_key = [j.key for j in jobs if j.stream == comp][-1]
-        if not grad_overlap:
+        if not grad_overlap and not fsdp:
             prev = last_key
             for j, b in enumerate(buckets):
                 rk = f"reduce{s}.x.{j}"
@@ -109,17 +128,20 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                 prev = rk
         jobs.append(Job(f"opt{s}", comp, plan.optimizer_s[s], (last_key, *reduce_keys),
                         category="optimizer", label="optimizer step"))
-        if plan.dp_gather_s[s] > 0 and not gather_overlap:
+        if plan.dp_gather_s[s] > 0 and not gather_overlap and not fsdp:
             jobs.append(Job(f"gather{s}", comm, plan.dp_gather_s[s], (f"opt{s}",), links=dp_links,
                             category="dp", label="param all-gather"))
     return jobs
 
 
 def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
-    """Split the step of the stage that finishes last into compute, exposed comm, bubble ..."""
+    """Split the step, as the busiest stage sees it, into compute, exposed comm, bubble ...
+
+    The busiest stage (most work per micro-batch) is the one whose idle time is pipeline bubble
+    proper; a lighter stage also waits on the busiest one, which is imbalance, not bubble."""
     step = run.makespan_s
-    ends = {s: max(run.end_s.get(f"opt{s}", 0.0), run.end_s.get(f"gather{s}", 0.0)) for s in range(plan.pp)}
-    crit = max(ends, key=lambda s: (ends[s], -s))
+    crit = max(range(plan.pp), key=lambda s: (sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
+                                                  for c in range(plan.vpp)), -s))
     m = plan.num_microbatches
     comp = 0.0
     comm: dict[str, float] = {}
@@ -135,7 +157,8 @@ def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
     last_bwd = max(e for k, e in run.end_s.items() if k.startswith("B") and not k.endswith(">")
                    and _stage_of(plan, k) == crit)
     opt_start = run.start_s.get(f"opt{crit}", last_bwd)
-    dp_exposed = max(0.0, opt_start - last_bwd) + max(0.0, step - run.end_s.get(f"opt{crit}", step))
+    dp_exposed = max(0.0, opt_start - last_bwd) + max(0.0, run.end_s.get(f"gather{crit}", 0.0)
+                                                       - run.end_s.get(f"opt{crit}", 0.0))
     first_fwd = run.start_s.get(f"F0.{crit}", 0.0) if crit == 0 else 0.0
     dp_exposed += first_fwd
     out = {"compute": comp, "recompute": recompute}
@@ -182,12 +205,22 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         sends = 2.0 * (pp * vpp - 1) * plan.pp_send_s
     pipeline = m * slow + fill + sends
     dp = sum(plan.dp_buckets[crit])
-    if plan.overlap_grad_reduce:
+    if plan.zero >= 3:
+        # FSDP: per task one all-gather (forward and backward) and per backward one reduce-scatter,
+        # on their own streams: exposed is what the compute of m·vpp tasks cannot cover, plus the
+        # first gather and the last reduce
+        tasks = m * vpp
+        ag = 2 * tasks * plan.dp_gather_s[crit] / vpp
+        rs = m * dp
+        dp_exposed = max(0.0, max(ag, rs) - m * per_stage[crit]) + plan.dp_gather_s[crit] / vpp + dp / vpp
+        gather = 0.0
+    elif plan.overlap_grad_reduce:
         hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
         dp_exposed = max(0.0, dp - hidden)
+        gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
     else:
         dp_exposed = dp
-    gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
+        gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
     opt = plan.optimizer_s[crit]
     step = pipeline + dp_exposed + gather + opt
     comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
