@@ -1,0 +1,617 @@
+"""The ``kind: inference`` scenario sections: ``traffic``, ``serving``, ``test_time_compute``, ``slo``.
+
+Owns their keys, defaults, validation (located :class:`~fmsim.errors.ConfigError` with a "did you
+mean" for unknown keys) and the frozen specs the serving simulator consumes. Length
+distributions (fixed, uniform, normal, lognormal, empirical CSV) live here too, with their seeded
+samplers. The field reference is ``docs/serving.md``.
+
+``fmsim/scenario.py`` hands these sections over raw (``Scenario.extra``); :func:`parse_inference_spec`
+turns them into an :class:`InferenceSpec`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..units import parse_count, parse_time
+
+ARRIVALS = ("poisson", "constant", "bursty", "closed-loop", "offline")
+LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "empirical")
+STRATEGIES = ("none", "best-of-n", "self-consistency", "sequential-revision")
+ROUTERS = ("least-loaded", "round-robin", "random")
+ADMISSIONS = ("optimistic", "reserve")
+KV_DTYPES = ("auto", "bf16", "fp16", "fp8", "fp4")
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "question_latency")
+SLO_STATS = ("p50", "p90", "p95", "p99", "mean")
+
+TRAFFIC_KEYS = ("arrival", "rate", "burstiness", "concurrency", "requests", "duration", "horizon",
+                "prompt_len", "output_len", "think_time", "cached_prefix_len")
+SERVING_KEYS = ("engine", "replicas", "max_seqs", "max_batch_tokens", "chunked_prefill", "mixed_batches",
+                "prefix_caching", "kv_block_size", "memory_fraction", "kv_cache_dtype", "admission",
+                "attention_dp", "router", "disaggregation")
+DISAGG_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
+TTC_KEYS = ("samples", "strategy", "revision_rounds", "thinking", "verifier")
+THINKING_KEYS = ("budget", "length")
+VERIFIER_KEYS = ("model", "precision", "tp", "replicas", "output_len", "engine")
+LENGTH_KEYS = ("dist", "value", "low", "high", "mean", "median", "sigma", "stdev", "file", "column",
+               "min", "max")
+
+
+# ----------------------------------------------------------------------------------------------
+# reading helpers
+
+
+class _Section:
+    """One mapping of a scenario with located errors (``file: section.key: message``)."""
+
+    def __init__(self, data: Any, file: str | None, where: str, allowed: tuple[str, ...]):
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a mapping, got {type(data).__name__}", file=file, field=where)
+        from ..catalog import suggest
+
+        for k in data:
+            if k not in allowed:
+                raise ConfigError(f"unknown key{suggest(str(k), allowed)}", file=file, field=f"{where}.{k}")
+        self.data, self.file, self.where = data, file, where
+
+    def err(self, key: str, message: str) -> ConfigError:
+        return ConfigError(message, file=self.file, field=f"{self.where}.{key}" if key else self.where)
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = None) -> Any:
+        v = self.data.get(key)
+        return default if v is None else v
+
+    def parsed(self, key: str, parse, default: Any = None) -> Any:
+        if not self.has(key):
+            return default
+        try:
+            return parse(self.data[key])
+        except ConfigError as exc:
+            raise self.err(key, exc.message) from None
+        except (TypeError, ValueError) as exc:
+            raise self.err(key, str(exc)) from None
+
+    def integer(self, key: str, default: Any = None, minimum: int = 1, allow_auto: bool = False) -> Any:
+        if not self.has(key):
+            return default
+        v = self.data[key]
+        if allow_auto and v == "auto":
+            return None
+        if isinstance(v, bool):
+            raise self.err(key, f"{v!r} is not an integer")
+        if isinstance(v, str):
+            try:
+                v = parse_count(v)
+            except ConfigError as exc:
+                raise self.err(key, exc.message) from None
+        if isinstance(v, float):
+            if not v.is_integer():
+                raise self.err(key, f"{v!r} is not an integer")
+            v = int(v)
+        if not isinstance(v, int):
+            raise self.err(key, f"{v!r} is not an integer{' or auto' if allow_auto else ''}")
+        if v < minimum:
+            raise self.err(key, f"{v} must be >= {minimum}")
+        return v
+
+    def number(self, key: str, default: Any = None, *, low: float | None = None, high: float | None = None,
+               low_open: bool = False) -> Any:
+        if not self.has(key):
+            return default
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.err(key, f"{v!r} is not a number")
+        v = float(v)
+        if not math.isfinite(v):
+            raise self.err(key, f"{v!r} is not finite")
+        if low is not None and (v < low or (low_open and v == low)):
+            raise self.err(key, f"{v:g} must be {'>' if low_open else '>='} {low:g}")
+        if high is not None and v > high:
+            raise self.err(key, f"{v:g} must be <= {high:g}")
+        return v
+
+    def boolean(self, key: str, default: Any = None) -> Any:
+        if not self.has(key):
+            return default
+        v = self.data[key]
+        if not isinstance(v, bool):
+            raise self.err(key, f"{v!r} is not true/false")
+        return v
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = None) -> Any:
+        if not self.has(key):
+            return default
+        v = str(self.data[key])
+        if v not in choices:
+            from ..catalog import suggest
+
+            raise self.err(key, f"unknown value {v!r}{suggest(v, choices)}")
+        return v
+
+    def sub(self, key: str, allowed: tuple[str, ...]) -> _Section:
+        return _Section(self.data.get(key), self.file, f"{self.where}.{key}", allowed)
+
+
+def _parse_rate_per_s(v: Any) -> float:
+    """Requests per second from ``12``, ``"12/s"``, ``"600/min"``, ``"inf"``."""
+    if isinstance(v, bool):
+        raise TypeError(f"{v!r} is not a rate")
+    if isinstance(v, (int, float)):
+        return float(v)
+    s = str(v).strip().replace(" ", "")
+    if s in ("inf", "infinity", "max"):
+        return math.inf
+    for suffix, per in (("/s", 1.0), ("/min", 60.0), ("/h", 3600.0), ("qps", 1.0), ("rps", 1.0)):
+        if s.endswith(suffix):
+            return float(s[: -len(suffix)]) / per
+    return float(s)
+
+
+# ----------------------------------------------------------------------------------------------
+# length distributions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LengthDist:
+    """A token-length distribution, sampled with the scenario's seeded generator.
+
+    ``fixed`` (``value``), ``uniform`` (``low``..``high`` inclusive), ``normal`` (``mean``,
+    ``stdev``), ``lognormal`` (``median`` or arithmetic ``mean``, log-space ``sigma``) or
+    ``empirical`` (``values`` read from a CSV column, drawn with replacement). Every sample is
+    rounded and clipped to ``[min, max]`` (``max`` 0 = no upper clip).
+    """
+
+    kind: str = "fixed"
+    value: int = 0
+    low: int = 0
+    high: int = 0
+    mean: float = 0.0
+    median: float = 0.0
+    sigma: float = 0.0
+    stdev: float = 0.0
+    values: tuple[int, ...] = ()
+    min: int = 1
+    max: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.kind in LENGTH_KINDS, self.kind
+
+    @property
+    def _mu(self) -> float:
+        if self.median > 0:
+            return math.log(self.median)
+        return math.log(self.mean) - self.sigma ** 2 / 2.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` integer lengths (int64)."""
+        if self.kind == "fixed":
+            x = np.full(n, float(self.value))
+        elif self.kind == "uniform":
+            x = rng.integers(self.low, self.high + 1, size=n).astype(float)
+        elif self.kind == "normal":
+            x = rng.normal(self.mean, self.stdev, size=n)
+        elif self.kind == "lognormal":
+            x = rng.lognormal(self._mu, self.sigma, size=n)
+        else:
+            x = rng.choice(np.asarray(self.values, dtype=float), size=n, replace=True)
+        x = np.maximum(np.rint(x), self.min)
+        if self.max:
+            x = np.minimum(x, self.max)
+        return x.astype(np.int64)
+
+    def upper(self) -> float:
+        """A practical maximum: the clip, or a far quantile (normal +4 sd, lognormal +4 sigma)."""
+        if self.kind == "fixed":
+            v = float(self.value)
+        elif self.kind == "uniform":
+            v = float(self.high)
+        elif self.kind == "normal":
+            v = self.mean + 4 * self.stdev
+        elif self.kind == "lognormal":
+            v = math.exp(self._mu + 4 * self.sigma)
+        else:
+            v = float(max(self.values))
+        return min(v, float(self.max)) if self.max else v
+
+    def expected(self) -> float:
+        """Mean of the distribution before clipping (used by the analytical estimate)."""
+        if self.kind == "fixed":
+            v = float(self.value)
+        elif self.kind == "uniform":
+            v = (self.low + self.high) / 2.0
+        elif self.kind == "normal":
+            v = self.mean
+        elif self.kind == "lognormal":
+            v = math.exp(self._mu + self.sigma ** 2 / 2.0)
+        else:
+            v = float(np.mean(self.values))
+        v = max(v, float(self.min))
+        return min(v, float(self.max)) if self.max else v
+
+
+def fixed_length(n: int) -> LengthDist:
+    return LengthDist(kind="fixed", value=int(n))
+
+
+def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
+    """A :class:`LengthDist` from ``1000``, ``"2k"`` or a mapping ``{dist: lognormal, ...}``."""
+    if isinstance(data, (int, float, str)) and not isinstance(data, bool):
+        try:
+            v = parse_count(data)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, file=file, field=where) from None
+        if v < 1 or not float(v).is_integer():
+            raise ConfigError(f"{data!r} must be a whole number of tokens >= 1", file=file, field=where)
+        return fixed_length(int(v))
+    s = _Section(data, file, where, LENGTH_KEYS)
+    kind = s.choice("dist", LENGTH_KINDS, "fixed")
+    lo = s.integer("min", 1, minimum=1)
+    hi = s.integer("max", 0, minimum=0)
+    if hi and hi < lo:
+        raise s.err("max", f"{hi} is below min {lo}")
+    if kind == "fixed":
+        if not s.has("value"):
+            raise s.err("value", "is required for dist: fixed")
+        return LengthDist(kind=kind, value=s.integer("value"), min=lo, max=hi)
+    if kind == "uniform":
+        for k in ("low", "high"):
+            if not s.has(k):
+                raise s.err(k, "is required for dist: uniform")
+        low, high = s.integer("low"), s.integer("high")
+        if high < low:
+            raise s.err("high", f"{high} is below low {low}")
+        return LengthDist(kind=kind, low=low, high=high, min=lo, max=hi)
+    if kind == "normal":
+        if not s.has("mean"):
+            raise s.err("mean", "is required for dist: normal")
+        return LengthDist(kind=kind, mean=s.number("mean", low=0, low_open=True),
+                          stdev=s.number("stdev", 0.0, low=0), min=lo, max=hi)
+    if kind == "lognormal":
+        if s.has("mean") == s.has("median"):
+            raise s.err("median", "give exactly one of median or mean for dist: lognormal")
+        if not s.has("sigma"):
+            raise s.err("sigma", "is required for dist: lognormal (standard deviation of log length)")
+        return LengthDist(kind=kind, mean=s.number("mean", 0.0, low=0, low_open=True),
+                          median=s.number("median", 0.0, low=0, low_open=True),
+                          sigma=s.number("sigma", low=0), min=lo, max=hi)
+    # empirical
+    if not s.has("file"):
+        raise s.err("file", "is required for dist: empirical (a CSV file of lengths)")
+    path = Path(str(s.raw("file")))
+    if not path.is_absolute() and file:
+        path = Path(file).parent / path
+    column = s.raw("column")
+    values = _read_lengths(path, column, s)
+    return LengthDist(kind=kind, values=values, min=lo, max=hi)
+
+
+def _read_lengths(path: Path, column: Any, s: _Section) -> tuple[int, ...]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise s.err("file", f"cannot read {str(path)!r}: {exc.strerror}") from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise s.err("file", f"{str(path)!r} is empty")
+    header = [h.strip() for h in rows[0]]
+    has_header = not all(_is_number(h) for h in header)
+    if column is None:
+        idx = 0
+    elif has_header and str(column) in header:
+        idx = header.index(str(column))
+    else:
+        from ..catalog import suggest
+
+        raise s.err("column", f"no column {column!r} in {str(path)!r}{suggest(str(column), header)}")
+    out = []
+    for i, row in enumerate(rows[1:] if has_header else rows, start=2 if has_header else 1):
+        if not row or idx >= len(row) or not row[idx].strip():
+            continue
+        try:
+            v = float(row[idx])
+        except ValueError:
+            raise s.err("file", f"{str(path)!r} line {i}: {row[idx]!r} is not a number") from None
+        if v >= 1:
+            out.append(round(v))
+    if not out:
+        raise s.err("file", f"{str(path)!r} has no lengths >= 1 in the chosen column")
+    return tuple(out)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# sections
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrafficSpec:
+    """Arrivals and request sizes.
+
+    ``arrival``: ``poisson`` / ``constant`` / ``bursty`` (gamma inter-arrivals whose coefficient of
+    variation is ``burstiness``) at ``rate_per_s``; ``closed-loop`` (``concurrency`` clients, each
+    sending its next request ``think_time_s`` after the previous one is answered); ``offline``
+    (every request queued at t = 0, the max-load benchmark). The run stops issuing after
+    ``num_requests`` requests or ``duration_s`` seconds; ``horizon_s`` ends the simulation (what is
+    unfinished then is reported, never lost).
+    """
+
+    arrival: str = "poisson"
+    rate_per_s: float = 1.0
+    burstiness: float = 2.0
+    concurrency: int = 0
+    num_requests: int = 1000
+    duration_s: float | None = None
+    horizon_s: float | None = None
+    think_time_s: float = 0.0
+    prompt_len: LengthDist = field(default_factory=lambda: fixed_length(1000))
+    output_len: LengthDist = field(default_factory=lambda: fixed_length(1000))
+    cached_prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.arrival in ARRIVALS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggSpec:
+    """Prefill/decode disaggregation: separate pools, KV moved from prefill to decode GPUs."""
+
+    prefill_replicas: int
+    decode_replicas: int
+    prefill_tp: int | None = None      # None = parallelism.tp
+    decode_tp: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingSpec:
+    """Engine limits and features. ``None`` means: the engine profile's default, or ``auto``."""
+
+    engine: str = "vllm"
+    replicas: int | None = None            # None = gpus // (tp * pp) (after verifier GPUs)
+    max_seqs: int | None = None            # None = engine default, or KV-derived for ``auto`` engines
+    max_batch_tokens: int | None = None
+    chunked_prefill: bool | None = None
+    mixed_batches: bool | None = None
+    prefix_caching: bool | None = None
+    kv_block_size: int | None = None
+    memory_fraction: float | None = None
+    kv_cache_dtype: str = "auto"
+    admission: str | None = None           # optimistic (preempt + recompute) | reserve (no eviction)
+    attention_dp: bool = False
+    router: str = "least-loaded"
+    disaggregation: DisaggSpec | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerifierSpec:
+    """A verifier / reward model scoring each sample (best-of-n). Runs on its own replicas."""
+
+    model: Any                              # fmsim.model.architecture.ModelSpec
+    precision: str | None = None            # None = workload precision
+    tp: int = 1
+    replicas: int = 1
+    output_len: int = 1                     # 1 = a scalar reward head; more for a generative judge
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TestTimeComputeSpec:
+    """Several samples per question, how they become one answer, and long reasoning."""
+
+    samples: int = 1
+    strategy: str = "none"
+    revision_rounds: int = 1
+    thinking_budget: int = 0                # 0 = no thinking tokens
+    thinking_len: LengthDist | None = None
+    verifier: VerifierSpec | None = None
+
+    __test__ = False   # not a pytest class despite the name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SLOSpec:
+    """Latency limits: ``limits_s[("ttft", "p99")] = 2.0``."""
+
+    limits_s: Mapping[tuple[str, str], float] = field(default_factory=dict)
+
+    def per_request_limit(self, metric: str) -> float:
+        """The tightest limit on ``metric`` (a request meets the SLO when it is under it)."""
+        vals = [v for (m, _), v in self.limits_s.items() if m == metric]
+        return min(vals) if vals else math.inf
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InferenceSpec:
+    traffic: TrafficSpec = field(default_factory=TrafficSpec)
+    serving: ServingSpec = field(default_factory=ServingSpec)
+    ttc: TestTimeComputeSpec = field(default_factory=TestTimeComputeSpec)
+    slo: SLOSpec = field(default_factory=SLOSpec)
+
+
+# ----------------------------------------------------------------------------------------------
+# parsing
+
+
+def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
+    s = _Section(data, file, "traffic", TRAFFIC_KEYS)
+    arrival = s.choice("arrival", ARRIVALS, None)
+    rate = s.parsed("rate", _parse_rate_per_s, None)
+    concurrency = s.integer("concurrency", 0, minimum=1)
+    if arrival is None:
+        if concurrency:
+            arrival = "closed-loop"
+        elif rate is not None and math.isinf(rate):
+            arrival = "offline"
+        else:
+            arrival = "poisson"
+    if arrival in ("poisson", "constant", "bursty"):
+        if rate is None:
+            raise s.err("rate", f"is required for arrival: {arrival} (requests per second, e.g. '12/s')")
+        if math.isinf(rate):
+            arrival = "offline"
+        elif not rate > 0:
+            raise s.err("rate", f"{rate:g} must be > 0")
+    if arrival == "closed-loop" and not concurrency:
+        raise s.err("concurrency", "is required for arrival: closed-loop (number of clients)")
+    if arrival != "closed-loop" and concurrency:
+        raise s.err("concurrency", f"only applies to arrival: closed-loop (not {arrival})")
+    burst = s.number("burstiness", 2.0, low=0, low_open=True)
+    if s.has("burstiness") and arrival != "bursty":
+        raise s.err("burstiness", f"only applies to arrival: bursty (not {arrival})")
+    duration = s.parsed("duration", parse_time, None)
+    if duration is not None and not duration > 0:
+        raise s.err("duration", "must be > 0")
+    horizon = s.parsed("horizon", parse_time, None)
+    if horizon is not None and not horizon > 0:
+        raise s.err("horizon", "must be > 0")
+    default_n = 1000 if duration is None else 10 ** 9
+    n = s.integer("requests", default_n)
+    prompt = parse_length(s.raw("prompt_len", 1000), file=file, where="traffic.prompt_len")
+    output = parse_length(s.raw("output_len", 1000), file=file, where="traffic.output_len")
+    cached = s.integer("cached_prefix_len", 0, minimum=0)
+    return TrafficSpec(arrival=arrival, rate_per_s=rate if rate is not None else math.inf,
+                       burstiness=burst, concurrency=concurrency, num_requests=n, duration_s=duration,
+                       horizon_s=horizon, think_time_s=s.parsed("think_time", parse_time, 0.0),
+                       prompt_len=prompt, output_len=output, cached_prefix_len=cached)
+
+
+def parse_serving(data: Any, file: str | None) -> ServingSpec:
+    from ..model.serving_cost import ENGINES
+
+    s = _Section(data, file, "serving", SERVING_KEYS)
+    engine = s.choice("engine", tuple(ENGINES), "vllm")
+    mf = s.number("memory_fraction", None, low=0, high=1, low_open=True)
+    disagg = None
+    if s.has("disaggregation"):
+        d = s.sub("disaggregation", DISAGG_KEYS)
+        for k in ("prefill_replicas", "decode_replicas"):
+            if not d.has(k):
+                raise d.err(k, "is required")
+        disagg = DisaggSpec(prefill_replicas=d.integer("prefill_replicas"),
+                            decode_replicas=d.integer("decode_replicas"),
+                            prefill_tp=d.integer("prefill_tp", None), decode_tp=d.integer("decode_tp", None))
+    bs = s.integer("kv_block_size", None)
+    return ServingSpec(
+        engine=engine,
+        replicas=s.integer("replicas", None, allow_auto=True),
+        max_seqs=s.integer("max_seqs", None, allow_auto=True),
+        max_batch_tokens=s.integer("max_batch_tokens", None, allow_auto=True),
+        chunked_prefill=s.boolean("chunked_prefill", None),
+        mixed_batches=s.boolean("mixed_batches", None),
+        prefix_caching=s.boolean("prefix_caching", None),
+        kv_block_size=bs,
+        memory_fraction=mf,
+        kv_cache_dtype=s.choice("kv_cache_dtype", KV_DTYPES, "auto"),
+        admission=s.choice("admission", ADMISSIONS, None),
+        attention_dp=s.boolean("attention_dp", False),
+        router=s.choice("router", ROUTERS, "least-loaded"),
+        disaggregation=disagg,
+    )
+
+
+def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeComputeSpec:
+    s = _Section(data, file, "test_time_compute", TTC_KEYS)
+    samples = s.integer("samples", 1)
+    strategy = s.choice("strategy", STRATEGIES, None)
+    if strategy is None:
+        strategy = "best-of-n" if s.has("verifier") else ("self-consistency" if samples > 1 else "none")
+    rounds = s.integer("revision_rounds", 1)
+    if rounds > 1 and strategy != "sequential-revision":
+        raise s.err("revision_rounds", f"only applies to strategy: sequential-revision (not {strategy})")
+    if strategy == "sequential-revision" and not s.has("revision_rounds"):
+        rounds = 2
+    if strategy in ("best-of-n", "self-consistency") and samples < 2:
+        raise s.err("samples", f"strategy {strategy} needs samples >= 2")
+    budget, tlen = 0, None
+    if s.has("thinking"):
+        t = s.sub("thinking", THINKING_KEYS)
+        if not t.has("budget"):
+            raise t.err("budget", "is required (maximum thinking tokens per sample)")
+        budget = t.integer("budget")
+        if not t.has("length"):
+            raise t.err("length", "is required (distribution of thinking tokens, e.g. "
+                        "{dist: lognormal, median: 4000, sigma: 1.0})")
+        tlen = parse_length(t.raw("length"), file=file, where="test_time_compute.thinking.length")
+    verifier = None
+    if s.has("verifier"):
+        if strategy != "best-of-n":
+            raise s.err("verifier", f"a verifier scores samples for strategy: best-of-n (not {strategy})")
+        v = s.sub("verifier", VERIFIER_KEYS)
+        if not v.has("model"):
+            raise v.err("model", "is required (a model_catalog name or an inline architecture)")
+        model = _resolve_model(v.raw("model"), file, "test_time_compute.verifier.model", catalog)
+        from ..catalog import PRECISIONS
+
+        verifier = VerifierSpec(model=model, precision=v.choice("precision", PRECISIONS, None),
+                                tp=v.integer("tp", 1), replicas=v.integer("replicas", 1),
+                                output_len=v.integer("output_len", 1))
+    elif strategy == "best-of-n":
+        raise s.err("verifier", "strategy best-of-n needs a verifier: {model: ..., tp: ...}")
+    return TestTimeComputeSpec(samples=samples, strategy=strategy, revision_rounds=rounds,
+                               thinking_budget=budget, thinking_len=tlen, verifier=verifier)
+
+
+def _resolve_model(raw: Any, file: str | None, where: str, catalog: Any) -> Any:
+    from ..model.architecture import model_from_mapping
+
+    if isinstance(raw, Mapping):
+        return model_from_mapping(raw, file=file, where=where)
+    if catalog is None:
+        from ..catalog import load_catalog
+
+        catalog = load_catalog()
+    try:
+        return catalog.model(str(raw))
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=file, field=where) from None
+
+
+def parse_slo(data: Any, file: str | None) -> SLOSpec:
+    """``{ttft_p99: 2 s, tpot_p50: 50 ms}`` or ``{ttft: {p99: 2 s}, tpot: {p50: 50 ms}}``."""
+    allowed = tuple(f"{m}_{p}" for m in SLO_METRICS for p in SLO_STATS) + SLO_METRICS
+    s = _Section(data, file, "slo", allowed)
+    limits: dict[tuple[str, str], float] = {}
+    for key in s.data:
+        if key in SLO_METRICS:
+            sub = s.sub(str(key), SLO_STATS)
+            for stat in sub.data:
+                limits[(str(key), str(stat))] = sub.parsed(str(stat), parse_time)
+        else:
+            metric, stat = str(key).rsplit("_", 1)
+            limits[(metric, stat)] = s.parsed(str(key), parse_time)
+    for (m, p), v in limits.items():
+        if not v > 0:
+            raise s.err(f"{m}_{p}", f"{v:g} s must be > 0")
+    return SLOSpec(limits_s=limits)
+
+
+def parse_inference_spec(extra: Mapping[str, Any], *, file: str | None = None,
+                         catalog: Any = None) -> InferenceSpec:
+    """All four sections from ``Scenario.extra`` (missing sections take their defaults)."""
+    return InferenceSpec(traffic=parse_traffic(extra.get("traffic"), file),
+                         serving=parse_serving(extra.get("serving"), file),
+                         ttc=parse_ttc(extra.get("test_time_compute"), file, catalog=catalog),
+                         slo=parse_slo(extra.get("slo"), file))
+
+
+def replace(spec: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` re-exported for callers building variants (sweeps, plan-capacity)."""
+    return dataclasses.replace(spec, **changes)

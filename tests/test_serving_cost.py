@@ -1,0 +1,166 @@
+"""Per-iteration serving cost: hand-worked rooflines, MoE expert occupancy, MLA KV, memory, monotonicity."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fmsim.catalog import load_catalog
+from fmsim.errors import OutOfMemoryError, ParallelismError
+from fmsim.model.architecture import model_from_mapping
+from fmsim.model.serving_cost import (
+    BYTES_PER_ELEMENT,
+    ENGINES,
+    IterationWork,
+    auto_limits,
+    build_cost_model,
+    causal_pairs,
+    kv_stream_tokens,
+    prefill_work,
+)
+
+
+@pytest.fixture(scope="module")
+def cat():
+    return load_catalog()
+
+
+def _cm(cat, model="llama3.1-8b", inst="dgx-h100", prec="bf16", **kw):
+    kw.setdefault("collective", None)
+    kw.setdefault("kernel_fixed_s", 0.0)
+    return build_cost_model(cat.model(model), cat.instance(inst), precision=prec, kv_dtype=kw.pop("kv", prec),
+                            tp=kw.pop("tp", 1), **kw)
+
+
+def test_single_sequence_decode_reads_the_weights_once(cat):
+    """Batch 1 is bandwidth-bound: time = (weights + KV + activations) / achievable HBM bandwidth."""
+    m = cat.model("llama3.1-8b")
+    acc = cat.instance("dgx-h100").accelerator
+    cm = _cm(cat)
+    bw = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    t = cm.iteration_time(IterationWork(tokens=1, logits=1, decode_seqs=1, decode_ctx=1000))
+    non_embed = m.num_params - 2 * m.vocab * m.hidden
+    weights = non_embed * 2 + m.vocab * m.hidden * 2            # bf16 layers + bf16 LM head
+    kv = 2 * m.layers * m.kv_heads * m.head_dim * 2 * 1000
+    expect = (weights + kv) / bw
+    assert t == pytest.approx(expect, rel=0.01)                 # + tiny norm/activation traffic
+
+
+def test_large_prefill_is_compute_bound_at_the_gemm_rate(cat):
+    m = cat.model("llama3.1-8b")
+    acc = cat.instance("dgx-h100").accelerator
+    cm = _cm(cat)
+    n = 8192
+    w = prefill_work(n, 0, finishing=True)
+    t_lin = cm.linear_time(n, 1)
+    non_embed = m.num_params - 2 * m.vocab * m.hidden
+    assert t_lin >= 2 * non_embed * n / acc.gemm_flop_per_s("bf16")
+    # causal attention: 4 * layers * heads * head_dim FLOPs per (query, key) pair
+    pairs = causal_pairs(n, 0)
+    assert pairs == n * (n + 1) / 2
+    attn = 4 * m.layers * m.heads * m.head_dim * pairs / acc.gemm_flop_per_s("bf16")
+    assert cm.iteration_time(w) == pytest.approx(t_lin + attn + cm.kv_write_bytes_per_token * n
+                                                 / cm.hbm_bytes_per_s, rel=1e-9)
+
+
+def test_decode_coeffs_match_iteration_time(cat):
+    cm = _cm(cat, tp=2, collective=None)
+    for n, ctx in ((1, 100.0), (37, 2.0e4), (300, 4.0e5)):
+        c0, c1 = cm.decode_coeffs(n)
+        assert c0 + c1 * ctx == pytest.approx(cm.iteration_time(
+            IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=ctx)), rel=1e-12)
+
+
+def test_graph_padding_prices_the_padded_batch(cat):
+    cm = _cm(cat, graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    plain = _cm(cat)
+    # linear layers and collectives run 128 rows; only the KV append follows the 100 real ones
+    assert cm.decode_coeffs(100)[0] == pytest.approx(plain.decode_coeffs(128)[0], rel=1e-3)
+    assert cm.decode_coeffs(100)[0] > plain.decode_coeffs(100)[0]
+
+
+def test_moe_touched_experts_follow_occupancy(cat):
+    cm = _cm(cat, model="mixtral-8x7b", prec="fp8", kv="fp8", tp=2)
+    E, k = 8, 2
+    assert cm._touched_fraction(1) == pytest.approx(k / E)
+    assert cm._touched_fraction(4) == pytest.approx(1 - (1 - k / E) ** 4)
+    assert cm._touched_fraction(10_000) == pytest.approx(1.0)
+
+
+def test_mla_kv_is_the_compressed_latent(cat):
+    m = cat.model("deepseek-v3")
+    cm = _cm(cat, model="deepseek-v3", inst="dgx-b200", prec="fp8", kv="fp8", tp=1, ep=8, attention_dp=True)
+    assert cm.kv_bytes_per_token_total == m.layers * (m.mla.kv_lora_rank + m.mla.qk_rope_dim) * 1.0
+    assert cm.engine_gpus == 8 and cm.dp_groups == 8
+    assert cm.num_all_to_all == 2 * m.num_moe_layers and cm.num_all_reduce == 0
+
+
+def test_gqa_kv_heads_split_over_tp_and_replicated_beyond(cat):
+    m = cat.model("llama3.1-70b")                   # 8 KV heads
+    c8 = _cm(cat, model="llama3.1-70b", tp=8)
+    assert c8.kv_bytes_per_token_per_gpu == 2 * m.layers * 1 * m.head_dim * 2
+    c2 = _cm(cat, model="llama3.1-70b", tp=2)
+    assert c2.kv_bytes_per_token_per_gpu == 2 * m.layers * 4 * m.head_dim * 2
+
+
+def test_tp_must_divide_heads(cat):
+    with pytest.raises(ParallelismError, match="does not divide"):
+        _cm(cat, tp=3)
+
+
+def test_weights_that_do_not_fit_raise_out_of_memory(cat):
+    cm = _cm(cat, model="llama3.1-405b", inst="dgx-h100", prec="bf16", tp=1)
+    with pytest.raises(OutOfMemoryError, match="nothing is left for the KV cache"):
+        cm.kv_capacity_tokens(hbm_bytes=cat.instance("dgx-h100").accelerator.hbm_bytes, memory_fraction=0.9,
+                              fraction_of="total", activation_bytes=0.0)
+
+
+def test_fp8_halves_weight_bytes(cat):
+    a, b = _cm(cat, prec="bf16"), _cm(cat, prec="fp8", kv="fp8")
+    assert b.dense_weight_bytes == pytest.approx(a.dense_weight_bytes / 2)
+    assert BYTES_PER_ELEMENT["fp4"] == pytest.approx(0.5 + 1 / 16)
+
+
+def test_auto_limits_follow_trtllm_bench_rules():
+    bs, tok = auto_limits(1_000_000, 1000, 1000)
+    assert bs == 512 and tok == 1024 * math.ceil(500 * 2 / 1024) or tok == 2048
+    bs, tok = auto_limits(1_000_000, 20000, 2000, chunked_prefill=False)
+    assert tok >= 20000 + bs
+
+
+def test_prefill_attention_reads_the_context_once_per_chunk():
+    assert kv_stream_tokens(128, 1000) == 1128
+    assert kv_stream_tokens(4096, 0) == 4096
+
+
+def test_every_engine_profile_names_its_source():
+    for p in ENGINES.values():
+        assert p.source and p.admission in ("optimistic", "reserve")
+
+
+@settings(max_examples=25, deadline=None)
+@given(scale=st.floats(1.0, 4.0), n=st.integers(1, 4096), ctx=st.floats(0, 1e7), pf=st.integers(0, 8192))
+def test_faster_memory_or_compute_never_slows_an_iteration(scale, n, ctx, pf):
+    cat = load_catalog()
+    inst = cat.instance("dgx-h100")
+    acc = inst.accelerator
+    fast_acc = dataclasses.replace(acc, hbm_bytes_per_s=acc.hbm_bytes_per_s * scale,
+                                   peak_flop_per_s={k: v * scale for k, v in acc.peak_flop_per_s.items()})
+    fast = dataclasses.replace(inst, accelerator=fast_acc)
+    m = cat.model("llama3.1-8b")
+    w = IterationWork(tokens=n + pf, logits=n + (1 if pf else 0), decode_seqs=n, decode_ctx=ctx,
+                      prefill_pairs=causal_pairs(pf, 0), prefill_kv_reads=kv_stream_tokens(pf, 0) if pf else 0)
+    slow_t = build_cost_model(m, inst, precision="bf16", kv_dtype="bf16", tp=1, collective=None).iteration_time(w)
+    fast_t = build_cost_model(m, fast, precision="bf16", kv_dtype="bf16", tp=1, collective=None).iteration_time(w)
+    assert fast_t <= slow_t * (1 + 1e-12)
+
+
+def test_inline_tiny_model_builds():
+    m = model_from_mapping({"name": "tiny", "layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2,
+                            "ffn_hidden": 128, "activation": "swiglu", "vocab": 1000})
+    cat = load_catalog()
+    cm = build_cost_model(m, cat.instance("dgx-h100"), precision="bf16", kv_dtype="bf16", tp=2, collective=None)
+    assert cm.kv_bytes_per_token_per_gpu == 2 * 2 * 1 * 16 * 2
