@@ -218,6 +218,19 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             lg = logits_forward(model, shard, rf)
             fwd.add(lg)
             bwd.add(backward_of(lg, frozen_weights=frozen_weights))
+            for _ in range(model.mtp_layers):
+                # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more
+                # transformer block (as the last layer), a 2h -> h projection and the shared head
+                f, b, r = layer_cost(model.layers - 1)
+                fwd.add(f)
+                bwd.add(b)
+                rec.add(r)
+                proj = PassCost()
+                proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
+                fwd.add(proj)
+                bwd.add(backward_of(proj, frozen_weights=frozen_weights))
+                fwd.add(lg)
+                bwd.add(backward_of(lg, frozen_weights=frozen_weights))
         fc = _exposed(coster, fwd, overlap_tp)
         bc = _exposed(coster, bwd, overlap_tp)
         if rec.comms:
@@ -243,6 +256,11 @@ def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, p
         dense += model.vocab * model.hidden
     if last and (not model.tied_embeddings or pp > 1):
         dense += model.vocab * model.hidden + model.hidden
+    if last and model.mtp_layers:
+        total = model.mtp_params()[0]
+        per = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden) if model.moe else 0
+        expert += per * model.mtp_layers
+        dense += total - per * model.mtp_layers
     return dense, expert
 
 

@@ -1,0 +1,66 @@
+"""Training predictions against published measurements (scenarios/validation/training).
+
+Issue 4 sets the bar: median |error| <= 5 % and worst <= 15 % over the set, mean <= 4 % on the
+eight Korthikanti et al. 2022 Table 5 runs. The Korthikanti bound is met and asserted. The set-wide
+bound is not met yet: it is kept as a strict xfail (it fails the suite the day it starts passing,
+so the marker is removed then), and a regression guard holds today's level so that no change can
+quietly make the set worse.
+"""
+from __future__ import annotations
+
+import statistics
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import fmsim
+from fmsim.scenario import load_scenario
+from fmsim.validate import summarize, validate_scenarios
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
+
+#: Today's level (2026-11-29): median 14.4 %, worst 72.8 %. Tighten when the physics improves.
+GUARD_MEDIAN_PCT = 15.0
+GUARD_WORST_PCT = 75.0
+
+
+@lru_cache(maxsize=1)
+def rows():
+    return tuple(validate_scenarios((load_scenario(p) for p in CASES), fmsim.simulate))
+
+
+def test_the_set_covers_the_hardware_and_scale_the_issue_asks_for():
+    scs = [load_scenario(p) for p in CASES]
+    accels = {sc.cluster.instance.accelerator.name for sc in scs}
+    assert len(scs) >= 40
+    assert {"a100-80gb", "h100-sxm", "b200", "gb200"} <= accels
+    assert any(sc.workload.model.moe for sc in scs) and any(not sc.workload.model.moe for sc in scs)
+    gpus = [sc.cluster.gpus for sc in scs]
+    assert min(gpus) <= 8 and max(gpus) >= 10_000
+    assert {"bf16", "fp8"} <= {sc.workload.precision for sc in scs}
+
+
+def test_every_validation_case_runs_and_is_compared():
+    r = rows()
+    assert not [x.error for x in r if x.error], "scenarios that raised"
+    assert len([x for x in r if x.error_pct is not None]) == len(CASES)
+
+
+def test_korthikanti_table5_mean_error_within_4_percent():
+    kor = [abs(x.error_pct) for x in rows() if x.scenario.startswith("kor-")]
+    assert len(kor) == 8
+    assert statistics.mean(kor) <= 4.0, f"mean {statistics.mean(kor):.2f} % over Table 5"
+
+
+def test_training_validation_does_not_regress_past_todays_level():
+    s = summarize(rows())
+    assert s.median_abs_pct <= GUARD_MEDIAN_PCT, f"median {s.median_abs_pct:.1f} %"
+    assert s.worst_abs_pct <= GUARD_WORST_PCT, f"worst {s.worst_abs_pct:.1f} % ({s.worst.scenario})"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: median 14.4 %, worst 72.8 % (2026-11-29)")
+def test_training_validation_meets_the_issue_targets():
+    s = summarize(rows())
+    assert s.median_abs_pct <= 5.0 and s.worst_abs_pct <= 15.0
