@@ -205,3 +205,12 @@ def test_trace_is_written_as_chrome_trace_json(tmp_path):
     spans = [e for e in data["traceEvents"] if e["ph"] == "X"]
     assert spans and all(e["dur"] >= 0 for e in spans)
     assert {e["cat"] for e in spans} >= {"forward", "backward", "optimizer"}
+
+
+def test_bundled_examples_stay_inside_their_expect_bands():
+    """Golden results: every bundled example's expect: band (regenerated on purpose only)."""
+    from fmsim.validate import check_scenarios
+
+    paths = sorted((ROOT / "scenarios" / "examples").glob("*.yaml"))
+    rows = check_scenarios((fmsim.load_scenario(p) for p in paths if "serving" not in p.name), fmsim.simulate)
+    assert rows and all(r.ok for r in rows), [r for r in rows if not r.ok]

@@ -271,7 +271,8 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     fits = mem_total <= plan.hbm_bytes
     exact_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "exact")
     model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
-    peak = plan.instance.accelerator.peak("bf16" if plan.precision in ("bf16", "fp8", "fp4") else plan.precision)
+    # MFU/HFU against the dense peak of the precision the GEMMs run in (fp8 runs: the fp8 peak)
+    peak = plan.instance.accelerator.peak(plan.precision)
     rec_factor = {"none": 0.0, "selective": 0.0, "full": 1.0 / 3.0}[plan.recompute]
     hw_flops = exact_flops * (1 + rec_factor)
     tflops = model_flops / step / plan.gpus / 1e12
