@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
+# one fixed cost per GPU kernel for training and serving (launch, pipeline fill, tail): the serving
+# model's global figure, from DeepGEMM's published small-M timings (see serving_cost.py)
+from .serving_cost import KERNEL_FIXED_S
 
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 
@@ -75,22 +78,24 @@ class PassCost:
     memory_s: float = 0.0
     flops: float = 0.0
     comms: list[CommRequest] = field(default_factory=list)
+    kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s
+        return self.gemm_s + self.attention_s + self.memory_s + self.kernels * KERNEL_FIXED_S
 
     def add(self, other: "PassCost", times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
         self.attention_s += other.attention_s * times
         self.memory_s += other.memory_s * times
         self.flops += other.flops * times
+        self.kernels += other.kernels * times
         for _ in range(int(round(times))):
             self.comms.extend(other.comms)
 
     def scaled(self, factor: float) -> "PassCost":
         return PassCost(self.gemm_s * factor, self.attention_s * factor, self.memory_s * factor,
-                        self.flops * factor, list(self.comms))
+                        self.flops * factor, list(self.comms), self.kernels * factor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,12 +161,14 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
     t, f = rf.gemm(m, n, k)
     cost.gemm_s += t
     cost.flops += f
+    cost.kernels += 1
     if rf.gemm_in_bytes < rf.act_bytes:
         # low-precision GEMMs take their activation operand through a fused cast(+transpose) kernel:
         # read bf16, write the fp8 copy and its transpose for the weight gradient (Transformer Engine
         # cast_transpose; weights are cast once per step and cached across micro-batches). The
         # backward's output gradient goes through the same kernel (counted by MEM_BWD_FACTOR).
         cost.memory_s += m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
+        cost.kernels += 1
 
 
 def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
@@ -202,6 +209,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
+    c.kernels += 4 if sh.attention_kernel == "flash" else 6      # norm, rope, attention (or QK, softmax, AV), residual
     if t > 1:
         if sh.sequence_parallel:
             c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
@@ -226,6 +234,7 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     _gemm(c, rf, T, h, ffn / t)
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
+    c.kernels += 3                                              # norm, activation, residual
     if t > 1:
         if sh.sequence_parallel:
             c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
@@ -262,6 +271,7 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         _gemm(c, rf, tokens_in, h, sw / etp)
     # norm and residual on the SP shard; activation; permute/unpermute copies of the routed rows
     c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
+    c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
     if etp > 1:
         if sh.sequence_parallel:
             c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
@@ -312,6 +322,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
                     flops=fwd.flops * gemm_factor,
+                    kernels=fwd.kernels * 2,
                     comms=comms)
 
 
