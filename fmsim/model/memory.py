@@ -97,27 +97,35 @@ def in_flight_microbatches(schedule: str, pp: int, vpp: int, num_microbatches: i
     return float(held)
 
 
+def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, pp: int) -> tuple[float, float]:
+    """(dense, expert) parameters held by a physical stage (all its chunks), before TP/EP split."""
+    dense = expert = 0.0
+    for i in layers:
+        total, _ = model.layer_params(i)
+        if model.is_moe_layer(i):
+            e = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden)
+            expert += e
+            dense += total - e
+        else:
+            dense += total
+    if first:
+        dense += model.vocab * model.hidden
+    if last and (not model.tied_embeddings or pp > 1):
+        dense += model.vocab * model.hidden + model.hidden
+    if last and model.mtp_layers:
+        total = model.mtp_params()[0]
+        per = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden) if model.moe else 0
+        expert += per * model.mtp_layers
+        dense += total - per * model.mtp_layers
+    return dense, expert
+
+
 def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, last: bool,
                     micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
                     num_microbatches: int, stage: int, expert_tp: int | None = None) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
-    dense_params = 0.0
-    expert_params = 0.0
-    for i in stage_layers:
-        total, _ = model.layer_params(i)
-        if model.is_moe_layer(i):
-            m = model.moe
-            assert m is not None
-            experts = m.experts * model.mlp_params(m.expert_ffn_hidden)
-            expert_params += experts
-            dense_params += total - experts
-        else:
-            dense_params += total
-    if first:
-        dense_params += model.vocab * model.hidden
-    if last and (not model.tied_embeddings or pp > 1):
-        dense_params += model.vocab * model.hidden + model.hidden
+    dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
     local = dense_params / tp + expert_params / (etp * ep)
     # data-parallel sharding groups: dense params over dp·cp, expert params over tp·dp·cp/(ep·etp)

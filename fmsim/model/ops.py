@@ -171,6 +171,16 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
         cost.kernels += 1
 
 
+def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float) -> None:
+    """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
+    sequence parallelism, one all-reduce without (Korthikanti et al. 2022 §4.2.2, Fig. 5)."""
+    if sh.sequence_parallel:
+        c.comms.append(CommRequest("tp", "all-gather", size_bytes))
+        c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes))
+    else:
+        c.comms.append(CommRequest("tp", "all-reduce", size_bytes))
+
+
 def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Norm, QKV projection, attention core (causal flash), output projection, residual."""
     c = PassCost()
@@ -211,11 +221,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
     c.kernels += 4 if sh.attention_kernel == "flash" else 6      # norm, rope, attention (or QK, softmax, AV), residual
     if t > 1:
-        if sh.sequence_parallel:
-            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
-            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
-        else:
-            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+        _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.cp > 1:
         # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
         kv_bytes = T * 2 * (model.kv_heads * model.head_dim if model.attention != "mla"
@@ -236,11 +242,7 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
     c.kernels += 3                                              # norm, activation, residual
     if t > 1:
-        if sh.sequence_parallel:
-            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
-            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
-        else:
-            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+        _tp_region_comms(c, sh, T * h * rf.act_bytes)
     return c
 
 
@@ -273,11 +275,7 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
     c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
     if etp > 1:
-        if sh.sequence_parallel:
-            c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
-            c.comms.append(CommRequest("tp", "reduce-scatter", T * h * rf.act_bytes))
-        else:
-            c.comms.append(CommRequest("tp", "all-reduce", T * h * rf.act_bytes))
+        _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
         a2a = rows * h * rf.act_bytes                            # bytes each rank sends (nccl-tests size)
         c.comms.append(CommRequest("ep", "all-to-all", a2a))   # dispatch

@@ -16,7 +16,8 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
-from ..model.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryBreakdown, training_memory
+from ..model.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryBreakdown, stage_params,
+                            training_memory)
 from ..model.ops import (ATTENTION_BWD_FACTOR, CommRequest, PassCost, Roofline, Shard, backward_of,
                          embedding_forward, layer_forward, logits_forward)
 
@@ -241,29 +242,6 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     return tuple(out)
 
 
-def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, pp: int) -> tuple[float, float]:
-    """(dense, expert) parameters held by a physical stage (all its chunks), before TP/EP split."""
-    dense = expert = 0.0
-    for i in layers:
-        total, _ = model.layer_params(i)
-        if model.is_moe_layer(i):
-            e = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden)
-            expert += e
-            dense += total - e
-        else:
-            dense += total
-    if first:
-        dense += model.vocab * model.hidden
-    if last and (not model.tied_embeddings or pp > 1):
-        dense += model.vocab * model.hidden + model.hidden
-    if last and model.mtp_layers:
-        total = model.mtp_params()[0]
-        per = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden) if model.moe else 0
-        expert += per * model.mtp_layers
-        dense += total - per * model.mtp_layers
-    return dense, expert
-
-
 def build_plan(sc) -> Plan:
     """Validate and derive everything a training simulation needs from a Scenario."""
     w, par, cl = sc.workload, sc.parallelism, sc.cluster
@@ -374,4 +352,4 @@ def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
     return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
 
 
-__all__ = ["Plan", "StageCost", "build_plan", "split_layers", "stage_params", "ATTENTION_BWD_FACTOR"]
+__all__ = ["Plan", "StageCost", "build_plan", "split_layers", "ATTENTION_BWD_FACTOR"]
