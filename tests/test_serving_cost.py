@@ -164,3 +164,27 @@ def test_inline_tiny_model_builds():
     cat = load_catalog()
     cm = build_cost_model(m, cat.instance("dgx-h100"), precision="bf16", kv_dtype="bf16", tp=2, collective=None)
     assert cm.kv_bytes_per_token_per_gpu == 2 * 2 * 1 * 16 * 2
+
+
+def test_gemm_k_efficiency_reproduces_the_deepgemm_large_m_rows_within_a_tenth():
+    """K / (K + 640) times the asymptote 0.68 against DeepGEMM's M=4096 FP8 rows on H800 (README @7a70b43)."""
+    from fmsim.model.serving_cost import gemm_k_efficiency
+
+    rows = [(7168, 1058), (1536, 990), (512, 590), (16384, 1358), (7168, 1304), (2048, 1025)]
+    for k, tflops in rows:
+        assert abs(0.68 * gemm_k_efficiency(k) - tflops / 1979) < 0.1
+    assert gemm_k_efficiency(512) < gemm_k_efficiency(4096) < gemm_k_efficiency(65536) < 1.0
+
+
+def test_tensor_parallel_shortens_k_and_lowers_compute_bound_gemm_efficiency():
+    cat = load_catalog()
+    m = cat.model("llama3.1-70b")
+    inst = cat.instance("dgx-h100")
+    e1 = build_cost_model(m, inst, precision="fp8", kv_dtype="fp8", tp=1, collective=None).dense_gemm_eff
+    e8 = build_cost_model(m, inst, precision="fp8", kv_dtype="fp8", tp=8, collective=None).dense_gemm_eff
+    assert 0.5 < e8 < e1 < 1.0
+
+
+def test_vllm_0_6_profile_waits_on_the_cpu_and_v1_does_not():
+    assert ENGINES["vllm-0.6"].cpu_overhead_fraction > 0.0 == ENGINES["vllm"].cpu_overhead_fraction
+    assert not ENGINES["vllm-0.6"].chunked_prefill and not ENGINES["vllm-0.6"].mixed_batches

@@ -57,6 +57,28 @@ KERNEL_FIXED_S = 4.2e-6
 KERNELS_DENSE_LAYER = 9
 KERNELS_MOE_LAYER = 13
 KERNELS_PER_ITERATION = 3   # embedding, LM head, sampling
+# Compute efficiency of a GEMM as a function of its reduction depth K: every output tile pays a
+# fixed prologue/epilogue (pipeline fill, accumulator promotion, writing the tile) worth about K0
+# elements of K, so a GEMM reaches e_max * K / (K + K0) of peak. Fitted (least squares on 1/e vs
+# 1/K) to the six M=4096 rows of DeepGEMM's FP8 GEMM table on H800 (deepseek-ai/DeepGEMM README
+# @7a70b43, 2025-02: K=512..16384 at 590..1358 TFLOP/s of 1979): K0 = 640, e_max = 0.68 -- the same
+# asymptote as the catalog's large-GEMM FP8 efficiency (0.70 on H100), so the catalog figure is
+# used as e_max and K / (K + K0) scales it. Tensor parallelism shortens K of the row-parallel
+# GEMMs (attention output, MLP down) to K / tp, which is where this bites.
+GEMM_K0 = 640.0
+
+
+def gemm_k_efficiency(k: float) -> float:
+    """Share of the large-GEMM efficiency a GEMM of reduction depth ``k`` reaches, ``k / (k + K0)``."""
+    return k / (k + GEMM_K0) if k > 0 else 1.0
+
+
+def _flop_weighted_efficiency(gemms: list[tuple[float, float]]) -> float:
+    """Efficiency of a chain of GEMMs given as (FLOPs share, K): sum(f) / sum(f / e(K))."""
+    tot = sum(f for f, _ in gemms)
+    if tot <= 0:
+        return 1.0
+    return tot / sum(f / gemm_k_efficiency(k) for f, k in gemms)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -100,6 +122,18 @@ ENGINES: Mapping[str, EngineProfile] = {
                "V1 scheduler: chunked prefill and prefix caching on by default, 'near-zero CPU overhead' "
                "(vLLM blog 2025-01-27 'vLLM V1: A Major Upgrade'); recompute preemption "
                "(Kwon et al., SOSP'23 PagedAttention, sec. 4.5)"),
+    "vllm-0.6": EngineProfile(
+        name="vllm-0.6", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
+        chunked_prefill=False, mixed_batches=False, prefix_caching=False, kv_block_size=16,
+        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
+        kv_follows_quantization=False, cpu_overhead_fraction=0.071,
+        source="vLLM v0.6 (V0 engine) with --num-scheduler-steps 10, as benchmarked in 2024. CPU share: the "
+               "vLLM blog 2024-09-05 'vLLM v0.6.0: 2.7x Throughput Improvement' profiles v0.5 (Llama 3 8B, "
+               "H100) at API server 33 %, scheduling and input preparation 29 %, GPU 38 % of the time; v0.6 "
+               "moves the API server to its own process and overlaps output processing, and multi-step "
+               "scheduling runs the remaining 29 % once per 10 steps, so the GPU still waits "
+               "2.9 / (38 + 2.9) = 7.1 % of the time. Prefill-first, no chunked prefill and no prefix "
+               "caching: the V0 defaults under multi-step (engine arguments, docs.vllm.ai v0.6.0)"),
     "trtllm": EngineProfile(
         name="trtllm", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=None,
         chunked_prefill=False, mixed_batches=True, prefix_caching=True, kv_block_size=32,
@@ -280,6 +314,9 @@ class ServingCostModel:
     pp_same_node: bool              # pipeline stages inside one node (NVLink hops) or across nodes
     overhead_s: float
     kernel_fixed_s: float = 0.0     # fixed kernel costs of one iteration (all layers)
+    dense_gemm_eff: float = 1.0     # K-depth efficiency of the non-expert GEMMs (gemm_k_efficiency)
+    expert_gemm_eff: float = 1.0
+    lm_gemm_eff: float = 1.0
     cpu_overhead_fraction: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
@@ -317,13 +354,14 @@ class ServingCostModel:
         if tokens <= 0:
             return 0.0
         f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
-        t = max(self.dense_flop_per_token * tokens / f, self.dense_weight_bytes / b)
+        t = max(self.dense_flop_per_token * tokens / (f * self.dense_gemm_eff), self.dense_weight_bytes / b)
         t += self.elementwise_bytes_per_token * tokens / b
         if self.num_experts:
-            t += max(self.expert_flop_per_token * tokens / f,
+            t += max(self.expert_flop_per_token * tokens / (f * self.expert_gemm_eff),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if logits > 0:
-            t += max(self.lm_flop_per_logit * logits / self.lm_flop_per_s, self.lm_weight_bytes / b)
+            t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * self.lm_gemm_eff),
+                     self.lm_weight_bytes / b)
         return t
 
     def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
@@ -508,6 +546,35 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         ffn_local = dense_ffn / tp
     elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
 
+    # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
+    # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
+    h = model.hidden
+    if model.attention == "mla" and model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_dim + m.qk_rope_dim
+        attn_gemms = [(h * (m.kv_lora_rank + m.qk_rope_dim), h),
+                      (m.kv_lora_rank * model.heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
+                      (model.heads * m.v_head_dim * h, model.heads * m.v_head_dim / tp)]
+        attn_gemms += ([(h * m.q_lora_rank, h), (m.q_lora_rank * model.heads * qk, m.q_lora_rank)]
+                       if m.q_lora_rank else [(h * model.heads * qk, h)])
+    else:
+        d = model.head_dim
+        attn_gemms = [(h * (model.heads + 2 * model.kv_heads) * d, h), (model.heads * d * h, model.heads * d / tp)]
+    mlp_mult = 2 if model.gated else 1
+
+    def _mlp(ffn: float, split: float, n: float) -> list[tuple[float, float]]:
+        return [(n * mlp_mult * h * ffn, h), (n * ffn * h, ffn / split)]
+
+    dense_gemms = [(L * f, k) for f, k in attn_gemms] + _mlp(dense_ffn, tp, n_dense)
+    if moe:
+        sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
+        dense_gemms += _mlp(sh_ffn, tp, n_moe * moe.shared_experts)
+        expert_eff = _flop_weighted_efficiency(
+            _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe))
+    else:
+        expert_eff = 1.0
+    dense_eff = _flop_weighted_efficiency(dense_gemms)
+
     # LM head kept in bf16 (quantization recipes leave it unquantized)
     lm_bytes = model.vocab * model.hidden * ACT_BYTES / tp
     lm_flop = 2.0 * model.vocab * model.hidden / gpus
@@ -566,6 +633,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         kernel_fixed_s=(n_dense * KERNELS_DENSE_LAYER + n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0))
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
         cpu_overhead_fraction=cpu_overhead_fraction,
+        dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
