@@ -125,7 +125,8 @@ PARALLELISM_KEYS = (
     "order",
 )
 OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm")
-CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage")
+CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers")
+STRAGGLER_KEYS = ("cv",)
 NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription")
 STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity")
 CHECKPOINT_KEYS = ("every", "async")
@@ -214,6 +215,7 @@ class Cluster:
     placement: str = "auto"
     oversubscription: float = 1.0
     storage: Mapping[str, Any] | None = None  # kind, tier, deployment, throughput_per_tib (B/s), capacity (B)
+    straggler_cv: float = 0.0  # per-rank compute-time jitter (coefficient of variation, normal)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -921,6 +923,13 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
         )
     placement = cl.text("placement", "auto", nonempty=True)
     storage = _storage(cl, catalog)
+    straggler_cv = 0.0
+    sg = cl.section("stragglers", STRAGGLER_KEYS)
+    if sg is not None:
+        straggler_cv = sg.quantity("cv", float_number, 0.0, minimum=0.0, inclusive=True,
+                                   expected="a coefficient of variation >= 0, e.g. 0.02")
+        if straggler_cv >= 1.0:
+            raise sg.err("cv", f"{straggler_cv} is not below 1 (expected a coefficient of variation, e.g. 0.02)")
     cluster = Cluster(
         instance=inst,
         nodes=nodes,
@@ -928,6 +937,7 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
         placement=placement,
         oversubscription=oversubscription,
         storage=storage,
+        straggler_cv=straggler_cv,
     )
     return cluster
 
@@ -1415,6 +1425,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         cluster["network"] = network
     if cl.storage is not None:
         cluster["storage"] = dict(cl.storage)
+    if cl.straggler_cv:
+        cluster["stragglers"] = {"cv": cl.straggler_cv}
     out: dict[str, Any] = {"version": sc.version, "name": sc.name}
     if sc.description:
         out["description"] = sc.description

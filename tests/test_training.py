@@ -214,3 +214,27 @@ def test_bundled_examples_stay_inside_their_expect_bands():
     paths = sorted((ROOT / "scenarios" / "examples").glob("*.yaml"))
     rows = check_scenarios((fmsim.load_scenario(p) for p in paths if "serving" not in p.name), fmsim.simulate)
     assert rows and all(r.ok for r in rows), [r for r in rows if not r.ok]
+
+
+def test_expected_maximum_of_normals_matches_known_order_statistics():
+    import math
+
+    from fmsim.engine.order_stats import expected_max_normal
+
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max_normal(8) == pytest.approx(1.4236, abs=1e-4)   # David & Nagaraja, Table
+    assert expected_max_normal(1000) > expected_max_normal(100) > expected_max_normal(10)
+
+
+@given(cv=st.floats(0.005, 0.2))
+@settings(max_examples=10)
+def test_stragglers_slow_the_step_by_the_expected_maximum_and_zero_jitter_changes_nothing(cv):
+    base = fmsim.simulate(scenario(**{"cluster.nodes": 16}))
+    jittery = fmsim.simulate(scenario(**{"cluster.nodes": 16, "cluster.stragglers": {"cv": cv}}))
+    none = fmsim.simulate(scenario(**{"cluster.nodes": 16, "cluster.stragglers": {"cv": 0.0}}))
+    assert none.metrics["step_time_s"] == base.metrics["step_time_s"]
+    assert jittery.metrics["step_time_s"] > base.metrics["step_time_s"]
+    assert jittery.breakdown["straggler"] > 0
+    est = fmsim.estimate(scenario(**{"cluster.nodes": 16, "cluster.stragglers": {"cv": cv}}))
+    assert est.metrics["step_time_s"] > fmsim.estimate(scenario(**{"cluster.nodes": 16})).metrics["step_time_s"]

@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import math
+
 from ..catalog import Instance
+from ..engine.order_stats import expected_max_normal
 from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
 from ..hardware.topology import place
@@ -94,6 +97,20 @@ class Plan:
     @property
     def tokens_per_step(self) -> float:
         return float(self.global_batch) * self.seq_len
+
+    @property
+    def straggler_task_factor(self) -> float:
+        """Each task waits for the slowest of the tp·cp·ep ranks that synchronise inside it."""
+        if not self.straggler_cv:
+            return 1.0
+        return 1.0 + self.straggler_cv * expected_max_normal(self.tp * self.cp * self.ep)
+
+    def straggler_step_wait_s(self, task_s: list[float]) -> float:
+        """Gradient sync waits for the slowest data-parallel replica: a replica's task times add up
+        to a sum whose spread is cv·sqrt(Σ t²); the expected maximum over dp replicas adds e(dp) of it."""
+        if not self.straggler_cv or self.dp <= 1:
+            return 0.0
+        return self.straggler_cv * math.sqrt(sum(t * t for t in task_s)) * expected_max_normal(self.dp)
 
     def virtual_stage(self, stage: int, chunk: int) -> StageCost:
         return self.stages[chunk * self.pp + stage]
@@ -334,6 +351,7 @@ def build_plan(sc) -> Plan:
         overlap_tp_comm=par.overlap.tp_comm, shapes=shapes, stages=stages, pp_send_s=pp_send,
         pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes, seed=getattr(sc, "seed", 0),
+        straggler_cv=cl.straggler_cv,
     )
 
 

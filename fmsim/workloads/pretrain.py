@@ -40,6 +40,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     sched = get_schedule(plan.schedule)
     dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
     jobs: list[Job] = []
+    jit = plan.straggler_task_factor
     fsdp = plan.zero >= 3
     grad_overlap = overlap and plan.overlap_grad_reduce and not fsdp
     gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1 and not fsdp
@@ -77,7 +78,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                 if gather_overlap and t.microbatch == 0 and gathers_per_chunk > 0:
                     after.append(f"gather{s}.{t.chunk}")
                 key = f"F{t.microbatch}.{v}"
-                jobs.append(Job(key, comp, st.fwd_s, tuple(after), category="forward",
+                jobs.append(Job(key, comp, st.fwd_s * jit, tuple(after), category="forward",
                                 label=f"F mb{t.microbatch} v{v}"))
                 task_keys.append(key)
                 if v < nv - 1:
@@ -91,7 +92,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                 mine = per_chunk[t.chunk] if (t.microbatch == m - 1 and grad_overlap) else []
                 if mine:
                     # split the last backward so each bucket's reduce starts when its grads exist
-                    part = st.bwd_s / len(mine)
+                    part = st.bwd_s * jit / len(mine)
                     prev = tuple(after)
                     for j, b in enumerate(mine):
                         sub = f"{key}/{j}" if j < len(mine) - 1 else key
@@ -103,7 +104,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                         reduce_keys.append(rk)
                         prev = (sub,)
                 else:
-                    jobs.append(Job(key, comp, st.bwd_s, tuple(after), category="backward",
+                    jobs.append(Job(key, comp, st.bwd_s * jit, tuple(after), category="backward",
                                     label=f"B mb{t.microbatch} v{v}"))
                 task_keys.append(key)
                 if fsdp and reduce_per_chunk > 0:
@@ -118,6 +119,12 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send grad mb{t.microbatch} v{v}"))
         last_key = [j.key for j in jobs if j.stream == comp][-1]
+        wait = plan.straggler_step_wait_s([d for c in range(vpp) for d in
+                                          (plan.virtual_stage(s, c).fwd_s, plan.virtual_stage(s, c).bwd_s)] * m)
+        if wait > 0:
+            jobs.append(Job(f"straggle{s}", comp, wait, (last_key,), category="straggler",
+                            label="wait for the slowest data-parallel replica"))
+            last_key = f"straggle{s}"
         if not grad_overlap and not fsdp:
             prev = last_key
             for j, b in enumerate(buckets):
@@ -165,11 +172,22 @@ def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
     for k in ("tp", "cp", "ep"):
         if comm.get(k):
             out[f"comm_{k}"] = comm[k]
+    straggle = run.end_s.get(f"straggle{crit}", 0.0) - run.start_s.get(f"straggle{crit}", 0.0)
+    task_jitter = _task_jitter_s(plan, crit)
+    if straggle or task_jitter:
+        out["straggler"] = straggle + task_jitter
+        dp_exposed = max(0.0, dp_exposed - straggle)
     out["comm_dp"] = dp_exposed
     out["optimizer"] = opt
     used = sum(out.values())
     out["bubble"] = max(0.0, step - used)
     return out, crit
+
+
+def _task_jitter_s(plan: Plan, stage: int) -> float:
+    """Time a stage's tasks lose waiting for the slowest rank of their synchronising groups."""
+    work = sum(plan.virtual_stage(stage, c).fwd_s + plan.virtual_stage(stage, c).bwd_s for c in range(plan.vpp))
+    return (plan.straggler_task_factor - 1.0) * plan.num_microbatches * work
 
 
 def _stage_of(plan: Plan, key: str) -> int:
@@ -187,9 +205,11 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     optimizer, and the parameter all-gather unless overlapped with the forward.
     """
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    jit = plan.straggler_task_factor
     per_stage = []
     for s in range(pp):
-        per_stage.append(sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+        per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
+                                   for c in range(vpp)))
     slow = max(per_stage)
     crit = per_stage.index(slow)
     fill = (sum(per_stage) - slow) / vpp
@@ -222,7 +242,9 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         dp_exposed = dp
         gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
     opt = plan.optimizer_s[crit]
-    step = pipeline + dp_exposed + gather + opt
+    straggle = plan.straggler_step_wait_s([d for c in range(vpp) for d in (plan.virtual_stage(crit, c).fwd_s,
+                                                                           plan.virtual_stage(crit, c).bwd_s)] * m)
+    step = pipeline + dp_exposed + gather + opt + straggle
     comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
                for c in range(vpp))
     rec = sum(m * plan.virtual_stage(crit, c).recompute_s for c in range(vpp))
@@ -233,6 +255,8 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         if v:
             out[f"comm_{k}"] = v
     out["comm_dp"] = dp_exposed + gather
+    if straggle or plan.straggler_cv:
+        out["straggler"] = straggle + _task_jitter_s(plan, crit)
     out["optimizer"] = opt
     out["bubble"] = max(0.0, step - sum(out.values()))
     return step, out
