@@ -24,7 +24,7 @@ from .architecture import ModelSpec
 from .flops import attention_dims
 # one fixed cost per GPU kernel for training and serving (launch, pipeline fill, tail): the serving
 # model's global figure, from DeepGEMM's published small-M timings (see serving_cost.py)
-from .serving_cost import GEMM_K0, KERNEL_FIXED_S
+from .serving_cost import KERNEL_FIXED_S, gemm_k0
 
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 
@@ -32,8 +32,6 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4"
 ATTENTION_BWD_FACTOR = 2.5
 #: A GEMM's backward computes the data and the weight gradient: 2 × forward.
 GEMM_BWD_FACTOR = 2.0
-#: Dense FP8 peak of the H800/H100 SXM (NVIDIA H100 datasheet), the rate GEMM_K0 was measured at.
-H800_FP8_PEAK_FLOP_PER_S = 1979e12
 #: Output tile shapes (rows × columns) the GEMM library chooses among: CUTLASS's 128×256, 256×128
 #: and 128×128 threadblock tiles for 16- and 8-bit tensor-core GEMMs on SM80/SM90/SM100.
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
@@ -127,11 +125,10 @@ class Roofline:
             act_bytes=BYTES_PER_ELEMENT[act_precision],
             gemm_in_bytes=BYTES_PER_ELEMENT[precision],
             compute_units=getattr(acc, "compute_units", 0),
-            # k/(k+K0): each output tile pays a fixed prologue/epilogue besides its k-loop. K0 = 640
-            # was fitted to DeepGEMM's FP8 table on H800 (serving_cost.GEMM_K0); a fixed time per
-            # tile is worth more k-steps on faster math, so K0 scales with the dense peak rate.
-            # (a systolic array's fill and drain per tile is the same kind of fixed cost)
-            gemm_k0=GEMM_K0 * acc.peak(precision) / H800_FP8_PEAK_FLOP_PER_S,
+            # k/(k+K0): each output tile pays a fixed prologue/epilogue besides its k-loop (a
+            # systolic array's fill and drain is the same kind of cost); K0 from DeepGEMM's FP8
+            # table, scaled by the math rate (serving_cost.gemm_k0)
+            gemm_k0=gemm_k0(acc.peak(precision)),
         )
 
     def wave_efficiency(self, m: float, n: float) -> float:

@@ -68,17 +68,27 @@ KERNELS_PER_ITERATION = 3   # embedding, LM head, sampling
 GEMM_K0 = 640.0
 
 
-def gemm_k_efficiency(k: float) -> float:
+#: Dense FP8 peak of the H800/H100 SXM (NVIDIA H100 datasheet): the math rate GEMM_K0 was fitted at.
+H800_FP8_PEAK_FLOP_PER_S = 1979e12
+
+
+def gemm_k0(peak_flop_per_s: float) -> float:
+    """K0 at another math rate: the fixed time per output tile is worth K0 k-steps at the fitted rate,
+    and proportionally more k-steps on faster math (the training operator model uses the same rule)."""
+    return GEMM_K0 * peak_flop_per_s / H800_FP8_PEAK_FLOP_PER_S
+
+
+def gemm_k_efficiency(k: float, k0: float = GEMM_K0) -> float:
     """Share of the large-GEMM efficiency a GEMM of reduction depth ``k`` reaches, ``k / (k + K0)``."""
-    return k / (k + GEMM_K0) if k > 0 else 1.0
+    return k / (k + k0) if k > 0 else 1.0
 
 
-def _flop_weighted_efficiency(gemms: list[tuple[float, float]]) -> float:
+def _flop_weighted_efficiency(gemms: list[tuple[float, float]], k0: float = GEMM_K0) -> float:
     """Efficiency of a chain of GEMMs given as (FLOPs share, K): sum(f) / sum(f / e(K))."""
     tot = sum(f for f, _ in gemms)
     if tot <= 0:
         return 1.0
-    return tot / sum(f / gemm_k_efficiency(k) for f, k in gemms)
+    return tot / sum(f / gemm_k_efficiency(k, k0) for f, k in gemms)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -565,15 +575,16 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     def _mlp(ffn: float, split: float, n: float) -> list[tuple[float, float]]:
         return [(n * mlp_mult * h * ffn, h), (n * ffn * h, ffn / split)]
 
+    k0 = gemm_k0(acc.peak(precision) if precision in acc.peak_flop_per_s else acc.peak("bf16"))
     dense_gemms = [(L * f, k) for f, k in attn_gemms] + _mlp(dense_ffn, tp, n_dense)
     if moe:
         sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
         dense_gemms += _mlp(sh_ffn, tp, n_moe * moe.shared_experts)
         expert_eff = _flop_weighted_efficiency(
-            _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe))
+            _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe), k0)
     else:
         expert_eff = 1.0
-    dense_eff = _flop_weighted_efficiency(dense_gemms)
+    dense_eff = _flop_weighted_efficiency(dense_gemms, k0)
 
     # LM head kept in bf16 (quantization recipes leave it unquantized)
     lm_bytes = model.vocab * model.hidden * ACT_BYTES / tp
@@ -633,7 +644,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         kernel_fixed_s=(n_dense * KERNELS_DENSE_LAYER + n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0))
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
         cpu_overhead_fraction=cpu_overhead_fraction,
-        dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h),
+        dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, gemm_k0(acc.peak("bf16"))),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
