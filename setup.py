@@ -2,7 +2,9 @@
 
 The catalogs live at the repository's top level (``hardware_catalog/``, ``model_catalog/``,
 ``scenarios/``) so that they are easy to read and edit; a plain ``pip install .`` copies them
-into ``fmsim/data/`` where :mod:`fmsim.catalog` finds them when no checkout is around.
+into ``fmsim/data/`` where :mod:`fmsim.catalog` finds them when no checkout is around. The
+Streamlit explorer (``app/``) travels the same way, as data: ``fmsim app`` finds it there and
+runs it with streamlit; the fmsim package never imports it.
 """
 import shutil
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA_DIRS = ("hardware_catalog", "model_catalog", "scenarios")
+DATA_DIRS = ("hardware_catalog", "model_catalog", "scenarios", "app")
 
 
 class BuildWithCatalogs(build_py):

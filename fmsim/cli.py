@@ -351,9 +351,52 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_USAGE if errors else EXIT_OK
 
 
+APP_ENTRY = "Home.py"
+
+
+def app_entry() -> Path:
+    """The explorer's entry script: ``app/Home.py`` of a checkout, or the wheel's ``fmsim/data/app``.
+
+    Found through :func:`fmsim.catalog.data_root` like the catalogs; fmsim itself never imports
+    streamlit (tests/test_layering.py), it only starts it.
+    """
+    from .catalog import data_root
+
+    entry = data_root() / "app" / APP_ENTRY
+    if not entry.is_file():
+        raise ConfigError(f"the explorer is not installed here (no {entry})", file="fmsim app")
+    return entry
+
+
+def app_command(port: int, address: str | None = None) -> list[str]:
+    """``streamlit run`` of the explorer, headless (no browser opened, no usage statistics sent)."""
+    import importlib.util
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise ConfigError("streamlit is not installed (install fmsim with the app extra: "
+                          "pip install 'fmsim[app]')", file="fmsim app")
+    if not 0 < port < 65536:
+        raise ConfigError(f"{port} is not a TCP port (expected 1 .. 65535)", file="fmsim app", field="--port")
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_entry()),
+           "--server.headless", "true", "--server.port", str(port),
+           "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+           # uploads are scenario files: the scenario reader refuses more than 1 MiB anyway
+           "--server.maxUploadSize", "1"]
+    if address:
+        cmd += ["--server.address", address]
+    return cmd
+
+
 def cmd_app(args: argparse.Namespace) -> int:
-    _say_error("fmsim app: not built yet (the Streamlit explorer comes with its own issue)")
-    return EXIT_USAGE
+    cmd = app_command(args.port, args.address)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.name != "posix":  # pragma: no cover - Windows has no exec: wait for the server instead
+        import subprocess
+
+        return subprocess.call(cmd)
+    os.execv(cmd[0], cmd)  # the server replaces this process: stopping it stops the server
+    return EXIT_OK  # not reached (execv does not return)
 
 
 # -- catalog -------------------------------------------------------------------------------------
@@ -658,8 +701,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(p, estimate=False)
     p.set_defaults(_handler=cmd_lint)
 
-    p = sub.add_parser("app", help="the Streamlit what-if explorer (not built yet)")
-    p.add_argument("--port", type=int, default=8501)
+    p = sub.add_parser("app", help="serve the Streamlit what-if explorer (headless; open the URL it prints)")
+    p.add_argument("--port", type=int, default=8501, help="TCP port to serve on (default 8501)")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="address to listen on (default: streamlit's, all interfaces; 127.0.0.1: this machine only)",
+    )
     p.set_defaults(_handler=cmd_app)
 
     _register_plugins(sub)

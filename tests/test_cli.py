@@ -346,9 +346,18 @@ def test_lint_with_set_checks_the_overridden_file(capsys):
     assert code == 2 and err.startswith(f"{LLAMA}: parallelism.dp: ")
 
 
-def test_app_is_not_built_yet(capsys):
-    code, _, err = run_cli(capsys, "app", "--port", "8600")
-    assert code == 2 and "not built yet" in err and len(err.splitlines()) == 1
+def test_app_execs_streamlit_headless_on_the_given_port(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr("os.execv", lambda path, argv: calls.append(argv))
+    assert main(["app", "--port", "8600"]) == 0
+    argv = calls[0]
+    assert "streamlit" in argv and "run" in argv and argv[argv.index("run") + 1].endswith("Home.py")
+    assert "8600" in argv and "true" in argv            # --server.port 8600 --server.headless true
+
+
+def test_app_with_a_bad_port_is_a_one_line_error(capsys):
+    code, _, err = run_cli(capsys, "app", "--port", "70000")
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,847 @@
+"""What the explorer computes, without a widget: scenario text + knob overrides -> outcome.
+
+Owns the what-if model of the app (DESIGN.md "faces"): a *base* scenario (a bundled file or an
+upload, kept as its YAML text), the knobs as dotted overrides applied to the base's canonical
+mapping (``fmsim.scenario.scenario_to_mapping``), one call of the fmsim API, and the packaging
+of its answer (or its error, with what to change) into a frozen :class:`Outcome` that the pages
+render and ``app/explorer/cache.py`` caches. Also the plain data the charts draw (pipeline
+timeline rows, latency CDF points, load curves, comparison tables) and the number formats.
+
+Everything here goes through the package root API (``fmsim.load_catalog``, ``fmsim.estimate``,
+``fmsim.simulate``) and the scenario round trip of ``fmsim.scenario``; nothing imports
+streamlit, so the tests call it directly. ``tests/test_layering.py`` checks both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import fmsim
+from fmsim.catalog import data_root
+from fmsim.export import csv_text
+from fmsim.scenario import MAX_FILE_BYTES, load_yaml_text, scenario_from_mapping, scenario_to_mapping
+
+TRAINING_KINDS = ("pretrain", "finetune")
+SERVING_KINDS = ("inference",)
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
+PRICING_OPTIONS = ("on-demand", "capacity-block", "savings-plan-1yr", "savings-plan-3yr")
+
+# The discrete-event step costs about 40 us per engine job on one core (bench/bench_app.py);
+# above this many jobs the page shows the analytical estimate unless asked to simulate anyway,
+# so that a knob change stays under one second.
+DES_JOB_LIMIT = 12_000
+# A timeline with more rows than this is simplified (see timeline_rows).
+TIMELINE_MAX_ROWS = 4_000
+# Serving: the load curve's rates, as fractions of the saturation throughput.
+LOAD_FRACTIONS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.25)
+
+
+# ----------------------------------------------------------------------------------------------
+# scenario sources
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bundled:
+    """A scenario file shipped with fmsim (``scenarios/**.yaml``)."""
+
+    label: str  # path under scenarios/, e.g. examples/llama3-70b-p5.yaml
+    path: str
+    kind: str  # workload.kind as written ("" when the file does not say)
+
+
+def scenarios_dir() -> Path:
+    """``scenarios/`` of the checkout, or of the installed wheel."""
+    return data_root() / "scenarios"
+
+
+def bundled_signature() -> tuple[tuple[str, int, int], ...]:
+    """``(path, mtime_ns, size)`` of every bundled scenario file: cheap, and changes with any edit."""
+    out = []
+    for p in sorted(scenarios_dir().rglob("*.yaml")):
+        st = p.stat()
+        out.append((str(p), st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def bundled_scenarios() -> tuple[Bundled, ...]:
+    """Every bundled scenario with its kind; examples first, then the rest, each sorted."""
+    root = scenarios_dir()
+    out = []
+    for p in sorted(root.rglob("*.yaml")):
+        rel = p.relative_to(root).as_posix()
+        kind = ""
+        try:
+            if p.stat().st_size <= MAX_FILE_BYTES:
+                data = load_yaml_text(p.read_text(encoding="utf-8-sig"), file=rel)
+                wl = data.get("workload") if isinstance(data, Mapping) else None
+                kind = str(wl.get("kind", "")) if isinstance(wl, Mapping) else ""
+        except (fmsim.FmsimError, OSError, UnicodeDecodeError):
+            kind = ""
+        out.append(Bundled(label=rel, path=str(p), kind=kind))
+    return tuple(sorted(out, key=lambda b: (not b.label.startswith("examples/"), b.label)))
+
+
+def read_bundled(label: str) -> str:
+    """The text of bundled scenario ``label`` (a path under ``scenarios/``)."""
+    root = scenarios_dir().resolve()
+    p = (root / label).resolve()
+    if root not in p.parents or not p.is_file():
+        raise fmsim.ConfigError("no such bundled scenario", file=label)
+    return p.read_text(encoding="utf-8-sig")
+
+
+def decode_upload(name: str, data: bytes) -> str:
+    """An uploaded scenario's text; refused over the scenario size limit or when not UTF-8."""
+    if len(data) > MAX_FILE_BYTES:
+        raise fmsim.ConfigError(
+            f"file is {len(data):,} bytes, over the {MAX_FILE_BYTES:,}-byte limit for scenario files",
+            file=name,
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise fmsim.ConfigError(
+            f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=name
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# scenario text -> what-if scenario
+
+
+def load_base(text: str, file: str) -> Any:
+    """The base scenario in ``text`` (named ``file`` in messages); raises ``FmsimError``."""
+    if not text.strip():
+        raise fmsim.ConfigError(
+            "the file is empty (expected a scenario mapping: version, name, workload, ...)", file=file
+        )
+    data = load_yaml_text(text, file=file)
+    if data is None:
+        raise fmsim.ConfigError("the file holds no YAML document, only comments", file=file)
+    return scenario_from_mapping(data, file=file)
+
+
+def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> Any:
+    """The base scenario with the knobs' ``overrides`` (dotted paths) applied and re-validated.
+
+    The overrides apply to the base's canonical mapping (``scenario_to_mapping``: ``nodes`` not
+    ``gpus``, ``global_batch`` in sequences, ``dp`` written out), so every knob has one key.
+    """
+    base = load_base(text, file)
+    if not overrides:
+        return base
+    return scenario_from_mapping(scenario_to_mapping(base), file=file, overrides=dict(overrides))
+
+
+def scenario_yaml(sc: Any) -> str:
+    """The scenario as YAML that loads back to an equal scenario (SI numbers, explicit values)."""
+    head = "# fmsim scenario saved by the what-if explorer (fmsim app); run it with: fmsim run FILE\n"
+    return head + yaml.safe_dump(scenario_to_mapping(sc), sort_keys=False, allow_unicode=True, width=100)
+
+
+_MAP = "__mapping__"
+
+
+def parse_knob_text(text: str) -> Any:
+    """A text knob's value read as YAML (``1000``, ``{dist: lognormal, median: 800}``, ``2/s``);
+    empty text is None; text that is not YAML is kept as text (the scenario check then says what is
+    wrong with it, located)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return load_yaml_text(text, file="knob")
+    except fmsim.FmsimError:
+        return text
+
+
+def as_overrides(values: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Knob values as a hashable, ordered override tuple (the cache key); a mapping value (a
+    whole ``slo:`` section, say) travels as ``("__mapping__", its JSON text)``."""
+    out = []
+    for k in sorted(values):
+        v = values[k]
+        if isinstance(v, Mapping):
+            v = (_MAP, json.dumps(v, sort_keys=True))
+        out.append((k, v))
+    return tuple(out)
+
+
+def _unfreeze(overrides: Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    out = []
+    for k, v in overrides:
+        if isinstance(v, tuple) and len(v) == 2 and v[0] == _MAP:
+            v = json.loads(v[1])
+        out.append((k, v))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# outcomes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """One run of the API for the page: the result, or the error and what to change."""
+
+    result: Any = None  # fmsim.results.Result shown (DES or analytical)
+    estimate: Any = None  # the analytical estimate (training: always computed)
+    engine: str = ""  # "des" | "analytical"
+    note: str = ""  # why the engine differs from the one asked for, and the like
+    error: str = ""  # FILE: field: message
+    error_kind: str = ""  # the error's class name
+    hint: str = ""  # what to change
+    yaml_text: str = ""  # the what-if scenario as YAML (when it validated)
+    timeline: tuple[tuple[str, float, float, str, str], ...] = ()  # (lane, start_s, end_s, category, label)
+    timeline_note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result is not None and not self.error
+
+    def csv(self) -> str:
+        """The result as the CSV of ``fmsim run --csv`` (one row)."""
+        return csv_text([self.result.to_dict()]) if self.result is not None else ""
+
+
+# What to change, by the field an error names (the first prefix that matches).
+_HINTS_BY_FIELD = {
+    "parallelism.tp": (
+        "Pick a tp that divides the model's attention heads (and its KV heads, or is a multiple of "
+        "them); keep tp inside one scale-up domain for fast all-reduces."
+    ),
+    "parallelism.dp": (
+        "Make the GPU count (nodes x GPUs per node) a multiple of tp x pp x cp: change the node count "
+        "or one of tp, pp, cp."
+    ),
+    "parallelism.pp": (
+        "Use at most as many pipeline stages (pp x vpp) as the model has layers, and a GPU count that "
+        "tp x pp x cp divides."
+    ),
+    "parallelism.vpp": "Virtual stages need pp > 1 and pp x vpp <= layers; set vpp to 1 without a pipeline.",
+    "parallelism.schedule": "Use schedule 'interleaved' with vpp >= 2, and '1f1b' or 'gpipe' with vpp 1.",
+    "parallelism.cp": "Pick a cp with seq_len a multiple of 2 x cp.",
+    "parallelism.ep": (
+        "Expert parallelism needs an MoE model: pick an ep that divides the experts and the tp x cp x "
+        "dp ranks of a stage (ep 1 for dense models)."
+    ),
+    "workload.global_batch": (
+        "Make the global batch a multiple of dp x micro batch: change the global batch, the micro "
+        "batch, or the node count (which sets dp)."
+    ),
+    "workload.precision": (
+        "Pick a precision the accelerator has (listed above) or an instance whose accelerator has it."
+    ),
+    "workload.model": "Pick a model from the catalog (Catalog page).",
+    "cluster.instance": "Pick an instance from the catalog (Catalog page).",
+    "cluster.nodes": "Use a whole number of nodes, at least 1.",
+    "pricing": "Pick a pricing option the catalog has for this instance (Catalog page, prices).",
+    "traffic": (
+        "Check the traffic settings: a rate > 0 for poisson/constant/bursty arrivals, clients for "
+        "closed-loop."
+    ),
+    "test_time_compute": (
+        "best-of-n needs a verifier in the scenario; self-consistency needs samples >= 2; revision "
+        "rounds apply to sequential-revision only."
+    ),
+    "serving": "Check the serving engine limits (replicas, max sequences, batch tokens).",
+    "slo": "SLO limits are times > 0.",
+}
+
+
+OOM_HINT = (
+    "Make it fit: raise tp or pp, turn on recompute (selective or full), use a higher ZeRO "
+    "stage, a smaller micro batch, or an instance with more HBM per GPU."
+)
+
+
+def hint_for(exc: BaseException) -> str:
+    """What to change, for an error of the API (shown under the error)."""
+    if isinstance(exc, fmsim.OutOfMemoryError):
+        return OOM_HINT
+    if isinstance(exc, fmsim.NotBuiltError):
+        return "This workload kind has no simulator yet; pick a training or serving scenario."
+    field = getattr(exc, "field", None) or ""
+    for prefix, hint in _HINTS_BY_FIELD.items():
+        if field == prefix or field.startswith((prefix + ".", prefix + "[")):
+            return hint
+    if isinstance(exc, fmsim.InfeasibleError):
+        return "This plan cannot run as set: change the setting the message names."
+    if isinstance(exc, fmsim.ConfigError):
+        return "Fix the setting the message names (the scenario file or the knob)."
+    return "Change the setting the message names."
+
+
+def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
+    """An :class:`Outcome` for an error: fmsim's own message, or a one-line internal error."""
+    if isinstance(exc, fmsim.FmsimError):
+        return Outcome(error=str(exc), error_kind=type(exc).__name__, hint=hint_for(exc), yaml_text=yaml_text)
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return Outcome(
+        error=f"internal error in fmsim ({type(exc).__name__}: {first})",
+        error_kind="InternalError",
+        hint="This is a bug, not your input: try other settings, and report the scenario.",
+        yaml_text=yaml_text,
+    )
+
+
+def approx_des_jobs(sc: Any, est: Any) -> int:
+    """Engine jobs of a simulated training step: forward, backward and two sends per micro-batch
+    and virtual stage (``fmsim/workloads/pretrain.py`` build_jobs), plus the DP buckets."""
+    m = int(est.metrics.get("num_microbatches") or 1)
+    vpp = int(est.metrics.get("vpp") or sc.parallelism.vpp or 1)
+    return 4 * sc.parallelism.pp * vpp * m + 64 * sc.parallelism.pp
+
+
+def run_training(
+    text: str,
+    file: str,
+    overrides: Sequence[tuple[str, Any]] = (),
+    *,
+    engine: str = "des",
+    des_job_limit: int | None = DES_JOB_LIMIT,
+) -> Outcome:
+    """Run a training what-if: the analytical estimate always, the DES when ``engine == "des"``
+    and the step has at most ``des_job_limit`` jobs (``None``: no limit). Never raises."""
+    yaml_text = ""
+    try:
+        sc = whatif_scenario(text, file, _unfreeze(overrides))
+        yaml_text = scenario_yaml(sc)
+        if sc.workload.kind not in TRAINING_KINDS:
+            return Outcome(
+                error=f"{file}: workload.kind: {sc.workload.kind} is not a training kind",
+                error_kind="KindError",
+                yaml_text=yaml_text,
+                hint="Open this scenario on the Serving page (or the Compare page).",
+            )
+        est = fmsim.estimate(sc)
+        if engine != "des":
+            return Outcome(
+                result=est,
+                estimate=est,
+                engine="analytical",
+                yaml_text=yaml_text,
+                timeline_note="The timeline comes from the discrete-event simulation: "
+                "choose it in the sidebar.",
+            )
+        jobs = approx_des_jobs(sc, est)
+        if des_job_limit is not None and jobs > des_job_limit:
+            return Outcome(
+                result=est,
+                estimate=est,
+                engine="analytical",
+                yaml_text=yaml_text,
+                note=(
+                    f"The simulated step would have about {jobs:,} engine jobs "
+                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline); "
+                    "showing the analytical estimate (fmsim run --estimate). Tick "
+                    "'simulate large steps' in the sidebar to run the simulation."
+                ),
+                timeline_note="No timeline: the step was not simulated (see above).",
+            )
+        with tempfile.TemporaryDirectory(prefix="fmsim-app-") as tmp:
+            trace = Path(tmp) / "trace.json"
+            res = fmsim.simulate(sc, trace_path=str(trace))
+            events = json.loads(trace.read_text())["traceEvents"] if trace.is_file() else []
+        rows, tnote = timeline_rows(events)
+        return Outcome(
+            result=res, estimate=est, engine="des", yaml_text=yaml_text, timeline=rows, timeline_note=tnote
+        )
+    except Exception as exc:  # noqa: BLE001 - a page never shows a traceback (issue 6)
+        return failure(exc, yaml_text=yaml_text)
+
+
+def run_serving(
+    text: str, file: str, overrides: Sequence[tuple[str, Any]] = (), *, engine: str = "des"
+) -> Outcome:
+    """Run a serving what-if with the DES (``fmsim.simulate``) or the estimate. Never raises."""
+    yaml_text = ""
+    try:
+        sc = whatif_scenario(text, file, _unfreeze(overrides))
+        yaml_text = scenario_yaml(sc)
+        if sc.workload.kind not in SERVING_KINDS:
+            return Outcome(
+                error=f"{file}: workload.kind: {sc.workload.kind} is not a serving kind",
+                error_kind="KindError",
+                yaml_text=yaml_text,
+                hint="Open this scenario on the Training page (or the Compare page).",
+            )
+        if engine == "des":
+            return Outcome(result=fmsim.simulate(sc), engine="des", yaml_text=yaml_text)
+        est = fmsim.estimate(sc)
+        return Outcome(result=est, estimate=est, engine="analytical", yaml_text=yaml_text)
+    except Exception as exc:  # noqa: BLE001
+        return failure(exc, yaml_text=yaml_text)
+
+
+def run_any(
+    text: str, file: str, *, engine: str = "des", des_job_limit: int | None = DES_JOB_LIMIT
+) -> Outcome:
+    """Run a scenario of any kind as it is (the Compare page): training or serving."""
+    try:
+        sc = load_base(text, file)
+    except Exception as exc:  # noqa: BLE001
+        return failure(exc)
+    if sc.workload.kind in SERVING_KINDS:
+        return run_serving(text, file, engine=engine)
+    return run_training(text, file, engine=engine, des_job_limit=des_job_limit)
+
+
+def load_curve(
+    text: str,
+    file: str,
+    overrides: Sequence[tuple[str, Any]] = (),
+    fractions: Sequence[float] = LOAD_FRACTIONS,
+) -> tuple[list[dict[str, Any]], str]:
+    """Throughput and latency against offered load, from the analytical serving estimate.
+
+    The saturation rate comes from the same scenario with ``traffic.arrival: offline``; the curve
+    is Poisson traffic at ``fractions`` of it. Returns ``(points, error)``; never raises.
+    """
+    base = dict(_unfreeze(overrides))
+    free = {"traffic.concurrency": None, "traffic.burstiness": None, "traffic.think_time": None}
+    try:
+        sc = whatif_scenario(
+            text, file, tuple({**base, **free, "traffic.arrival": "offline", "traffic.rate": None}.items())
+        )
+        cap = fmsim.estimate(sc).metrics.get("requests_per_s") or 0.0
+        if not cap > 0:
+            return [], "the estimate gives no throughput at saturation"
+        points = []
+        for f in fractions:
+            rate = cap * f
+            sc = whatif_scenario(
+                text,
+                file,
+                tuple({**base, **free, "traffic.arrival": "poisson", "traffic.rate": rate}.items()),
+            )
+            m = fmsim.estimate(sc).metrics
+            points.append(
+                {
+                    "offered_requests_per_s": rate,
+                    "requests_per_s": finite(m.get("requests_per_s")),
+                    "output_tokens_per_s": finite(m.get("output_tokens_per_s")),
+                    "ttft_p99_s": finite(m.get("ttft_p99_s")),
+                    "tpot_p50_s": finite(m.get("tpot_p50_s")),
+                    "e2e_p99_s": finite(m.get("e2e_p99_s")),
+                }
+            )
+        return points, ""
+    except Exception as exc:  # noqa: BLE001
+        return [], str(exc) if isinstance(exc, fmsim.FmsimError) else f"internal error: {type(exc).__name__}"
+
+
+def finite(x: Any) -> float | None:
+    """``x`` as a float when it is a finite number, else None (None, inf, NaN, text)."""
+    if isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# chart data
+
+
+def _lane(name: str) -> tuple[tuple[int, int, str], str]:
+    """Sort key and display name of a trace thread (stage N compute, its DP stream, sends)."""
+    for prefix, rank, shown in (("stage", 0, "stage {} compute"), ("dp", 1, "stage {} DP comm")):
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            n = int(name[len(prefix) :])
+            return (n, rank, ""), shown.format(n)
+    if name == "async":
+        return (1 << 30, 0, name), "pipeline sends"
+    return (1 << 30, 1, name), name
+
+
+def timeline_rows(
+    events: Sequence[Mapping[str, Any]], max_rows: int = TIMELINE_MAX_ROWS
+) -> tuple[tuple[tuple[str, float, float, str, str], ...], str]:
+    """Gantt rows ``(lane, start_s, end_s, category, label)`` from Chrome-trace events.
+
+    Spans of one category that touch on a lane are merged. When that leaves more than
+    ``max_rows`` rows the pipeline sends' lane is left out first; then, if still too many, each
+    lane is cut into equal time bins; a bin at least 30 % busy shows the category that fills most
+    of it (runs of equal bins merged), so the chart stays small whatever the step's size. The
+    note says what was simplified.
+    """
+    names = {
+        e.get("tid"): str(e.get("args", {}).get("name", e.get("tid")))
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    spans = [e for e in events if e.get("ph") == "X" and float(e.get("dur", 0)) > 0]
+    if not spans:
+        return (), "The simulation recorded no timeline."
+    by_lane: dict[str, list[tuple[float, float, str, str]]] = {}
+    keys: dict[str, tuple[int, int, str]] = {}
+    for e in spans:
+        key, lane = _lane(names.get(e.get("tid"), str(e.get("tid"))))
+        keys[lane] = key
+        t0 = float(e["ts"]) * 1e-6
+        by_lane.setdefault(lane, []).append(
+            (t0, t0 + float(e["dur"]) * 1e-6, str(e.get("cat", "")), str(e.get("name", "")))
+        )
+    end = max(b for v in by_lane.values() for _, b, _, _ in v)
+    tol = end * 1e-6
+    merged: dict[str, list[tuple[float, float, str, str]]] = {}
+    for lane, items in by_lane.items():
+        out: list[list[Any]] = []
+        for a, b, cat, label in sorted(items):
+            if out and out[-1][2] == cat and a - out[-1][1] <= tol and b >= out[-1][1]:
+                out[-1][1] = b
+                out[-1][4] += 1
+            else:
+                out.append([a, b, cat, label, 1])
+        merged[lane] = [(a, b, cat, label if n == 1 else f"{n} {cat} spans") for a, b, cat, label, n in out]
+    notes = []
+    if sum(len(v) for v in merged.values()) > max_rows and "pipeline sends" in merged:
+        n = len(by_lane["pipeline sends"])
+        del merged["pipeline sends"]
+        notes.append(f"the {n:,} pipeline sends are left out")
+    lanes = sorted(merged, key=lambda n: keys[n])
+    if sum(len(v) for v in merged.values()) <= max_rows:
+        rows = [(lane, a, b, c, lab) for lane in lanes for a, b, c, lab in merged[lane]]
+        return tuple(rows), (f"{len(spans):,} simulated spans; " + "; ".join(notes) + ".") if notes else ""
+    nbins = max(20, max_rows // len(lanes))
+    width = end / nbins
+    rows = []
+    for lane in lanes:
+        fill: list[dict[str, float]] = [{} for _ in range(nbins)]
+        for a, b, cat, _ in merged[lane]:
+            i0, i1 = int(a / width), min(nbins - 1, int(b / width))
+            for i in range(max(0, i0), i1 + 1):
+                lo, hi = max(a, i * width), min(b, (i + 1) * width)
+                if hi > lo:
+                    fill[i][cat] = fill[i].get(cat, 0.0) + (hi - lo)
+        run: tuple[str, int] | None = None
+        for i in range(nbins + 1):
+            cat = ""
+            if i < nbins and fill[i]:
+                top = max(fill[i], key=lambda c: (fill[i][c], c))
+                if sum(fill[i].values()) >= 0.3 * width:  # a mostly idle bin stays empty
+                    cat = top
+            if run is not None and cat != run[0]:
+                n = i - run[1]
+                rows.append((lane, run[1] * width, i * width, run[0], f"{run[0]} ({n} bin{'s' * (n > 1)})"))
+                run = None
+            if cat and run is None:
+                run = (cat, i)
+    notes.append(f"drawn in {nbins} time bins per lane, each showing what fills most of it")
+    note = (
+        f"{len(spans):,} simulated spans; "
+        + "; ".join(notes)
+        + ". `fmsim run --trace FILE` writes every span for Perfetto."
+    )
+    return tuple(rows), note
+
+
+def latency_cdf(result: Any) -> tuple[list[dict[str, Any]], str]:
+    """CDF points ``{metric, latency_s, quantile}`` of TTFT, TPOT and end-to-end latency.
+
+    Uses the samples the serving simulator leaves in ``details["latency_samples"]`` (a mapping
+    metric -> list of seconds) when there are any, else the percentiles among the metrics
+    (p50/p90/p99). Returns ``(points, source)`` with ``source`` "samples" or "percentiles".
+    """
+    det = result.details if isinstance(getattr(result, "details", None), Mapping) else {}
+    samples = det.get("latency_samples")
+    points: list[dict[str, Any]] = []
+    if isinstance(samples, Mapping) and samples:
+        for metric in ("ttft", "tpot", "e2e"):
+            xs = sorted(float(x) for x in samples.get(metric, ()) if finite(x) is not None)
+            if not xs:
+                continue
+            n = len(xs)
+            step = max(1, n // 200)
+            for i in list(range(0, n, step)) + [n - 1]:
+                points.append({"metric": metric, "latency_s": xs[i], "quantile": (i + 1) / n})
+        if points:
+            return points, "samples"
+    for metric in ("ttft", "tpot", "e2e"):
+        for q in (50, 90, 99):
+            v = finite(result.metrics.get(f"{metric}_p{q}_s"))
+            if v is not None:
+                points.append({"metric": metric, "latency_s": v, "quantile": q / 100})
+    return points, "percentiles"
+
+
+def memory_rows(result: Any) -> list[dict[str, Any]]:
+    """Bytes per GPU by part, per pipeline stage when the result has them (training)."""
+    det = result.details if isinstance(result.details, Mapping) else {}
+    stages = det.get("memory_by_stage")
+    rows = []
+    if isinstance(stages, Sequence) and stages and not isinstance(stages, str):
+        for i, st in enumerate(stages):
+            for part, b in st.items():
+                if part != "total" and finite(b) and b > 0:
+                    rows.append({"stage": f"stage {i}", "part": str(part), "bytes": float(b)})
+        return rows
+    for part, b in result.memory.items():
+        if part not in ("hbm", "total") and finite(b) and b > 0:
+            rows.append({"stage": "per GPU", "part": str(part), "bytes": float(b)})
+    return rows
+
+
+def hbm_bytes(result: Any) -> float | None:
+    """HBM per GPU of the result's accelerator."""
+    return finite(result.metrics.get("hbm_per_gpu_bytes")) or finite(result.memory.get("hbm"))
+
+
+def breakdown_rows(results: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Step-time parts ``{run, part, seconds}`` of each ``(name, result)`` (training)."""
+    rows = []
+    for name, res in results:
+        for part, s in res.breakdown.items():
+            if finite(s) and s > 0:
+                rows.append({"run": name, "part": str(part), "seconds": float(s)})
+    return rows
+
+
+def serving_parts(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Serving breakdowns as bar rows ``{run, part, seconds}``: where a request's time goes
+    (``Result.breakdown``: queue, prefill, decode ...) and what one decode step is made of
+    (``details["decode_step_s"]``, or older ``decode_step_*`` breakdown entries)."""
+    request, step = [], []
+    det = result.details if isinstance(result.details, Mapping) else {}
+    parts = det.get("decode_step_s")
+    if isinstance(parts, Mapping):
+        for k, v in parts.items():
+            if finite(v) and v > 0 and k not in ("step_s", "total_s", "step", "total"):
+                step.append({"run": "decode step", "part": str(k).removesuffix("_s"), "seconds": float(v)})
+    for k, v in result.breakdown.items():
+        if not (finite(v) and v > 0):
+            continue
+        if k.startswith("decode_step_"):
+            if k != "decode_step_s" and not isinstance(parts, Mapping):
+                step.append(
+                    {
+                        "run": "decode step",
+                        "part": k.removeprefix("decode_step_").removesuffix("_s"),
+                        "seconds": float(v),
+                    }
+                )
+        elif k != "prefill_alone_s":
+            request.append({"run": "mean request", "part": k.removesuffix("_s"), "seconds": float(v)})
+    return request, step
+
+
+# ----------------------------------------------------------------------------------------------
+# comparison
+
+COMPARE_TRAINING = (
+    "gpus",
+    "step_time_s",
+    "mfu",
+    "tokens_per_s",
+    "memory_per_gpu_bytes",
+    "fits",
+    "usd_per_hour",
+    "time_to_train_s",
+    "cost_usd",
+    "bottleneck",
+)
+COMPARE_SERVING = (
+    "gpus",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "e2e_p99_s",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "usd_per_hour",
+    "usd_per_million_output_tokens",
+    "usd_per_query",
+    "bottleneck",
+)
+
+
+def compare_table(runs: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """Rows ``{metric, <run>: shown value, Δ <run>: change against the first run}``, side by side."""
+    if not runs:
+        return []
+    kinds = {r.kind for _, r in runs}
+    cols: list[str] = []
+    if kinds & set(TRAINING_KINDS):
+        cols += COMPARE_TRAINING
+    if kinds & set(SERVING_KINDS):
+        cols += [c for c in COMPARE_SERVING if c not in cols]
+    first = runs[0][1]
+    table = []
+    for col in cols:
+        row: dict[str, Any] = {"metric": label_of(col)}
+        for name, res in runs:
+            row[name] = fmt_column(col, _value(res, col))
+        for name, res in runs[1:]:
+            row[f"Δ {name}"] = delta_text(_value(first, col), _value(res, col))
+        table.append(row)
+    return table
+
+
+def _value(res: Any, col: str) -> Any:
+    if col in ("gpus", "nodes", "usd_per_hour"):
+        return getattr(res, col)
+    if col == "bottleneck":  # the short name (training: comm_tp, bubble ...) where there is one
+        v = res.metrics.get(col)
+        return v or (res.details.get("bottleneck") if isinstance(res.details, Mapping) else None)
+    return res.metrics.get(col)
+
+
+def delta_text(a: Any, b: Any) -> str:
+    """``+12.3 %`` from ``a`` to ``b`` (numbers), ``same``/``changed`` otherwise."""
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
+        return "same" if a == b else "changed"
+    fa, fb = finite(a), finite(b)
+    if fa is None or fb is None:
+        return "-"
+    if fa == 0:
+        return "same" if fb == 0 else "-"
+    return f"{100 * (fb - fa) / abs(fa):+.1f} %"
+
+
+# ----------------------------------------------------------------------------------------------
+# formats (what the pages show; tests compare with these)
+
+_LABELS = {
+    "gpus": "GPUs",
+    "step_time_s": "Step time",
+    "mfu": "MFU",
+    "tokens_per_s": "Tokens/s",
+    "memory_per_gpu_bytes": "Memory per GPU",
+    "fits": "Fits in HBM",
+    "usd_per_hour": "Cluster $/h",
+    "time_to_train_s": "Time to train",
+    "cost_usd": "Cost to train",
+    "bottleneck": "Bottleneck",
+    "ttft_p50_s": "TTFT p50",
+    "ttft_p99_s": "TTFT p99",
+    "tpot_p50_s": "TPOT p50",
+    "tpot_p99_s": "TPOT p99",
+    "e2e_p50_s": "E2E p50",
+    "e2e_p99_s": "E2E p99",
+    "output_tokens_per_s": "Output tokens/s",
+    "requests_per_s": "Requests/s",
+    "usd_per_million_output_tokens": "$ per M output tokens",
+    "usd_per_query": "$ per answered question",
+}
+
+
+def label_of(col: str) -> str:
+    return _LABELS.get(col, col)
+
+
+def fmt_time(s: Any) -> str:
+    """Seconds for people: ``15.6 s``, ``8.61 ms``, ``3.2 h``, ``98.4 d``, ``7.08 years``."""
+    v = finite(s)
+    if v is None:
+        return "-" if s is None else ("unbounded" if s == math.inf else "-")
+    a = abs(v)
+    if a >= 365.25 * 86400:
+        return f"{v / (365.25 * 86400):.3g} years"
+    for unit, scale in (
+        ("d", 86400.0),
+        ("h", 3600.0),
+        ("min", 60.0),
+        ("s", 1.0),
+        ("ms", 1e-3),
+        ("µs", 1e-6),
+        ("ns", 1e-9),
+    ):
+        if a >= scale or unit == "ns":
+            return f"{v / scale:.3g} {unit}" if v else "0 s"
+    return f"{v:g} s"  # pragma: no cover
+
+
+def fmt_bytes(b: Any) -> str:
+    v = finite(b)
+    if v is None:
+        return "-"
+    return f"{v / 2**30:.1f} GiB" if abs(v) >= 2**30 else f"{v / 2**20:.0f} MiB"
+
+
+def fmt_pair(a: Any, b: Any) -> str:
+    """Two times, sharing the unit when they can: ``12.5 / 14.9 ms``, ``45 ms / 1.2 s``."""
+    ta, tb = fmt_time(a), fmt_time(b)
+    ua, ub = ta.rpartition(" ")[2], tb.rpartition(" ")[2]
+    if " " in ta and ua == ub:
+        return f"{ta.rpartition(' ')[0]} / {tb}"
+    return f"{ta} / {tb}"
+
+
+def fmt_fit(need: Any, have: Any) -> str:
+    """Memory needed against memory there: ``53.1 / 80 GiB``."""
+    n, h = finite(need), finite(have)
+    if n is None:
+        return "-"
+    if h is None:
+        return fmt_bytes(n)
+    return f"{n / 2**30:.1f} / {h / 2**30:.0f} GiB"
+
+
+def fmt_usd(x: Any) -> str:
+    v = finite(x)
+    if v is None:
+        return "no price"
+    if abs(v) >= 1e6:
+        return f"${v / 1e6:,.2f} M"
+    if abs(v) >= 1:
+        return f"${v:,.2f}"
+    return f"${v:.4g}"
+
+
+def fmt_count(x: Any, unit: str = "") -> str:
+    v = finite(x)
+    if v is None:
+        return "-"
+    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {p}{unit}".rstrip()
+    return f"{v:.3g} {unit}".rstrip()
+
+
+def fmt_pct(x: Any) -> str:
+    v = finite(x)
+    return "-" if v is None else f"{100 * v:.1f} %"
+
+
+def fmt_column(col: str, v: Any) -> str:
+    """A result column as the pages show it (units from the name)."""
+    if v is None:
+        return "-"
+    if col == "fits" or isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, str):
+        return v
+    if col in ("mfu", "hfu") or col.startswith("kv_utilization") or col.endswith("_fraction"):
+        return fmt_pct(v)
+    if col.startswith("usd") or col.endswith("usd"):
+        return fmt_usd(v)
+    if col.endswith("_per_s"):
+        return fmt_count(v, "/s")
+    if col.endswith("_bytes"):
+        return fmt_bytes(v)
+    if col.endswith("_s"):
+        return fmt_time(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def fmt_tokens(x: float | None) -> str:
+    """A token count as the scenario files write it (``15T``, ``1.5T``, ``300B`` -> ``300G``)."""
+    if x is None:
+        return ""
+    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:g}{p}"
+    return f"{x:g}"

@@ -1,0 +1,189 @@
+"""Widgets and page pieces the explorer's pages share: where the scenario comes from, knob state,
+errors with what to change, downloads, the what-ifs kept for the Compare page.
+
+Knob state: every knob has a session-state key ``<page>.<knob>``, seeded from the base scenario
+when the base changes (a new bundled pick or upload) and restored when the page is visited again
+(Streamlit forgets the state of widgets that were not drawn in a run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+import fmsim
+
+from . import cache, logic
+
+SAVED_KEY = "compare.saved"  # {label: (yaml_text, file)} kept for the Compare page
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Source:
+    """The base scenario of a page: its label (file name in messages) and YAML text."""
+
+    label: str
+    text: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.label}\0{self.text}".encode()).hexdigest()[:16]
+
+
+def page_setup(title: str, icon: str = "") -> None:
+    st.set_page_config(page_title=f"fmsim · {title}", page_icon=icon or None, layout="wide")
+
+
+def scenario_source(prefix: str, kinds: tuple[str, ...], *, what: str, preferred: str = "") -> Source | None:
+    """Sidebar: a bundled scenario of one of ``kinds`` (``preferred`` first picked), or an uploaded
+    YAML (which wins while it is there)."""
+    st.sidebar.subheader("Scenario")
+    try:
+        choices = [b.label for b in cache.bundled() if b.kind in kinds]
+    except Exception as exc:  # noqa: BLE001
+        st.sidebar.error(f"cannot list the bundled scenarios: {exc}")
+        choices = []
+    if choices:
+        key = f"{prefix}.bundled"
+        if st.session_state.get(key) not in choices:
+            st.session_state[key] = preferred if preferred in choices else choices[0]
+        st.sidebar.selectbox(f"Bundled {what} scenario", choices, key=key)
+    else:
+        st.sidebar.info(f"No bundled {what} scenario in this installation: load a YAML file.")
+    up = st.sidebar.file_uploader(
+        "…or load a scenario YAML (at most 1 MiB)",
+        type=["yaml", "yml"],
+        key=f"{prefix}.upload",
+        help="A scenario file of schema version 1; see README.md.",
+    )
+    if up is not None:
+        try:
+            return Source(label=up.name, text=logic.decode_upload(up.name, up.getvalue()))
+        except fmsim.FmsimError as exc:
+            st.sidebar.error(str(exc))
+    if not choices:
+        return None
+    label = st.session_state[f"{prefix}.bundled"]
+    try:
+        return Source(label=label, text=cache.bundled_text(label))
+    except Exception as exc:  # noqa: BLE001
+        st.sidebar.error(str(exc))
+        return None
+
+
+def show_error(error: str, hint: str, kind: str = "") -> None:
+    """An error of the API inside the page: the message, then what to change (never a traceback)."""
+    if kind == "NotBuiltError":
+        st.info(f"This simulator is not available yet: {error}")
+        return
+    st.error(error, icon=":material/block:")
+    if hint:
+        st.info(f"**What to change:** {hint}", icon=":material/lightbulb:")
+
+
+def seed_knobs(prefix: str, source: Source, defaults: Mapping[str, Any]) -> None:
+    """Put the base scenario's values into the knobs' session state (see module docstring)."""
+    ss = st.session_state
+    base_key, saved_key = f"{prefix}._base", f"{prefix}._saved"
+    if ss.get(base_key) != source.key:
+        for k, v in defaults.items():
+            ss[f"{prefix}.{k}"] = v
+        ss[base_key] = source.key
+        ss[saved_key] = dict(defaults)
+        return
+    saved = ss.get(saved_key, {})
+    for k, v in defaults.items():
+        if f"{prefix}.{k}" not in ss:
+            ss[f"{prefix}.{k}"] = saved.get(k, v)
+
+
+def save_knobs(prefix: str, names: list[str]) -> None:
+    st.session_state[f"{prefix}._saved"] = {k: st.session_state.get(f"{prefix}.{k}") for k in names}
+
+
+def reset_button(prefix: str, defaults: Mapping[str, Any]) -> None:
+    def reset() -> None:
+        for k, v in defaults.items():
+            st.session_state[f"{prefix}.{k}"] = v
+
+    st.sidebar.button("Reset knobs to the scenario", key=f"{prefix}.reset", on_click=reset, width="stretch")
+
+
+def with_options(options: list[Any], value: Any) -> list[Any]:
+    """``options`` with ``value`` added (sorted in) when the base scenario uses another one."""
+    if value in options:
+        return options
+    try:
+        return sorted([*options, value])
+    except TypeError:
+        return [*options, value]
+
+
+def downloads(prefix: str, outcome: logic.Outcome, name: str) -> None:
+    """Download the what-if as YAML (loads back identically) and its result as CSV."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "whatif"
+    c1, c2, c3 = st.columns(3)
+    c1.download_button(
+        "Download the what-if (YAML)",
+        outcome.yaml_text,
+        file_name=f"{safe}.yaml",
+        mime="application/x-yaml",
+        key=f"{prefix}.dl_yaml",
+        disabled=not outcome.yaml_text,
+        on_click="ignore",
+        width="stretch",
+    )
+    c2.download_button(
+        "Download the results (CSV)",
+        outcome.csv(),
+        file_name=f"{safe}.csv",
+        mime="text/csv",
+        key=f"{prefix}.dl_csv",
+        disabled=not outcome.ok,
+        on_click="ignore",
+        width="stretch",
+    )
+    c3.button(
+        "Keep for the Compare page",
+        key=f"{prefix}.keep",
+        disabled=not outcome.yaml_text,
+        on_click=keep_for_compare,
+        args=(name, outcome.yaml_text),
+        width="stretch",
+    )
+
+
+def keep_for_compare(name: str, yaml_text: str) -> None:
+    saved: dict[str, tuple[str, str]] = dict(st.session_state.get(SAVED_KEY, {}))
+    label = f"what-if: {name}"
+    n = 2
+    while label in saved and saved[label][0] != yaml_text:
+        label = f"what-if: {name} #{n}"
+        n += 1
+    saved[label] = (yaml_text, f"{name}.yaml")
+    st.session_state[SAVED_KEY] = saved
+    st.toast(f"Kept '{label}' for the Compare page")
+
+
+def metric(
+    col: Any,
+    label: str,
+    value: str,
+    delta: str | None = None,
+    *,
+    lower_is_better: bool = False,
+    help: str | None = None,
+) -> None:
+    col.metric(label, value, delta=delta, delta_color="inverse" if lower_is_better else "normal", help=help)
+
+
+def delta(base: Any, new: Any) -> str | None:
+    """The metric delta against the base scenario (None when equal or not comparable)."""
+    text = logic.delta_text(base, new)
+    if text in ("same", "-", "+0.0 %", "-0.0 %"):
+        return None
+    return text

@@ -1,0 +1,319 @@
+"""Training page: knobs of a pre-training / fine-tuning what-if -> step time, MFU, cost, memory,
+the step's breakdown, the pipeline timeline and the bottleneck (issue 6, item 2)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # app/ (see app/Home.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import streamlit as st
+from explorer import cache, charts, logic, widgets
+
+P = "train"
+ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
+TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
+CP_OPTIONS = [1, 2, 4, 8, 16, 32]
+INLINE = " (inline, from the scenario)"
+FIXED = "fixed price from the scenario"
+# knob -> dotted scenario path
+PATHS = {
+    "name": "name",
+    "model": "workload.model",
+    "instance": "cluster.instance",
+    "nodes": "cluster.nodes",
+    "precision": "workload.precision",
+    "pricing": "pricing",
+    "train_tokens": "workload.train_tokens",
+    "seq_len": "workload.seq_len",
+    "global_batch": "workload.global_batch",
+    "micro_batch": "workload.micro_batch",
+    "tp": "parallelism.tp",
+    "pp": "parallelism.pp",
+    "vpp": "parallelism.vpp",
+    "cp": "parallelism.cp",
+    "ep": "parallelism.ep",
+    "zero": "parallelism.zero",
+    "recompute": "parallelism.recompute",
+    "schedule": "parallelism.schedule",
+    "sequence_parallel": "parallelism.sequence_parallel",
+}
+
+widgets.page_setup("Training", ":material/model_training:")
+
+
+def knob_defaults(sc, cat) -> dict:
+    model = sc.workload.model
+    in_catalog = cat.models.get(model.name) == model
+    par = sc.parallelism
+    return {
+        "name": sc.name,
+        "model": model.name if in_catalog else model.name + INLINE,
+        "instance": sc.cluster.instance.name,
+        "nodes": int(sc.cluster.nodes),
+        "precision": sc.workload.precision,
+        "pricing": sc.pricing.option if sc.pricing.option is not None else FIXED,
+        "train_tokens": logic.fmt_tokens(sc.workload.train_tokens),
+        "seq_len": int(sc.workload.seq_len),
+        "global_batch": int(sc.workload.global_batch),
+        "micro_batch": int(sc.workload.micro_batch),
+        "tp": par.tp,
+        "pp": par.pp,
+        "vpp": par.vpp,
+        "cp": par.cp,
+        "ep": par.ep,
+        "zero": par.zero,
+        "recompute": par.recompute,
+        "schedule": par.schedule,
+        "sequence_parallel": par.sequence_parallel,
+    }
+
+
+def knob_value(knob: str):
+    v = st.session_state[f"{P}.{knob}"]
+    if knob == "train_tokens":
+        return str(v).strip() or None
+    if knob == "name":
+        return str(v).strip()
+    return v
+
+
+def overrides_from(defaults: dict) -> tuple:
+    """The knobs that differ from the base scenario, as scenario overrides (cache key)."""
+    out = {}
+    for knob, path in PATHS.items():
+        v = knob_value(knob)
+        if v == defaults[knob] or (knob == "train_tokens" and (v or "") == defaults[knob]):
+            continue
+        if knob in ("model", "pricing") and (str(v).endswith(INLINE) or v == FIXED):
+            continue
+        out[path] = v
+    if out:
+        out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
+    return logic.as_overrides(out)
+
+
+def on_vpp_change() -> None:
+    """Interleaving needs vpp >= 2 and is the only schedule with it: keep the two consistent."""
+    vpp = st.session_state[f"{P}.vpp"]
+    if vpp > 1:
+        st.session_state[f"{P}.schedule"] = "interleaved"
+    elif st.session_state[f"{P}.schedule"] == "interleaved":
+        st.session_state[f"{P}.schedule"] = "1f1b"
+
+
+def draw_knobs(defaults: dict, cat) -> None:
+    sb = st.sidebar
+    sb.subheader("Knobs")
+    widgets.reset_button(P, defaults)
+    sb.text_input("What-if name", key=f"{P}.name")
+    models = sorted(cat.models)
+    if defaults["model"].endswith(INLINE):
+        models = [defaults["model"], *models]
+    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.selectbox(
+        "Instance type",
+        sorted(cat.instances),
+        key=f"{P}.instance",
+        help="AWS instances, and the reference systems of published measurements (no price).",
+    )
+    sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    c1, c2 = sb.columns(2)
+    c1.selectbox(
+        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
+    )
+    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
+    sb.text_input(
+        "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
+    )
+    sb.markdown("**Batch**")
+    c1, c2, c3 = sb.columns(3)
+    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
+    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
+    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
+    sb.markdown("**Parallelism**")
+    sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
+    c1, c2 = sb.columns(2)
+    c1.number_input("Pipeline (pp)", min_value=1, max_value=1024, step=1, key=f"{P}.pp")
+    c2.number_input(
+        "Virtual stages (vpp)", min_value=1, max_value=64, step=1, key=f"{P}.vpp", on_change=on_vpp_change
+    )
+    c1, c2 = sb.columns(2)
+    c1.selectbox("Context (cp)", widgets.with_options(CP_OPTIONS, defaults["cp"]), key=f"{P}.cp")
+    c2.number_input("Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    c1, c2 = sb.columns(2)
+    c1.selectbox("ZeRO stage", [0, 1, 2, 3], key=f"{P}.zero")
+    c2.selectbox("Recompute", ["none", "selective", "full"], key=f"{P}.recompute")
+    sb.selectbox("Schedule", ["1f1b", "interleaved", "gpipe"], key=f"{P}.schedule")
+    sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
+
+
+def main() -> None:
+    st.title("Training what-if")
+    source = widgets.scenario_source(
+        P, logic.TRAINING_KINDS, what="training", preferred="examples/llama3-70b-p5.yaml"
+    )
+    st.sidebar.subheader("Engine")
+    st.sidebar.radio(
+        "Numbers from",
+        list(ENGINES),
+        key=f"{P}.engine",
+        help="The discrete-event simulation is what `fmsim run` reports; the analytical "
+        "estimate is `fmsim run --estimate` (instant).",
+    )
+    st.sidebar.checkbox(
+        "Simulate large steps",
+        key=f"{P}.force_des",
+        help=f"Steps of more than {logic.DES_JOB_LIMIT:,} engine jobs use the estimate "
+        "unless this is ticked (the simulation then takes seconds).",
+    )
+    if source is None:
+        st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
+        return
+    sc, err, hint = cache.base(source.text, source.label)
+    if sc is None:
+        widgets.show_error(err, hint)
+        return
+    if sc.workload.kind not in logic.TRAINING_KINDS:
+        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the Serving page.")
+        return
+    cat = cache.catalog()
+    defaults = knob_defaults(sc, cat)
+    widgets.seed_knobs(P, source, defaults)
+    draw_knobs(defaults, cat)
+    widgets.save_knobs(P, list(defaults))
+
+    engine = ENGINES[st.session_state.get(f"{P}.engine") or "discrete-event simulation"]
+    limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
+    overrides = overrides_from(defaults)
+    with st.spinner("Simulating…"):
+        out = cache.training(source.text, source.label, overrides, engine, limit)
+        base = cache.training(source.text, source.label, (), engine, limit) if overrides else out
+    st.caption(
+        f"Base scenario: **{source.label}** — {sc.description or sc.name}"
+        + (f" · {len(overrides) - 1} knob{'s' * (len(overrides) > 2)} changed" if overrides else "")
+    )
+    st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
+    if not out.ok:
+        widgets.show_error(out.error, out.hint, out.error_kind)
+        st.session_state[f"{P}.result"] = None
+        return
+    render(out, base if base.ok else None, knob_value("name") or sc.name)
+
+
+def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
+    r, m = out.result, out.result.metrics
+    b = base.result if base is not None and base is not out else None
+    st.session_state[f"{P}.result"] = r.to_dict()
+
+    def d(col, value=None):
+        if b is None:
+            return None
+        return widgets.delta(
+            b.get(col) if value is None else value(b), r.get(col) if value is None else value(r)
+        )
+
+    st.markdown(
+        f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · tp {m['tp']} · pp {m['pp']}"
+        f"{' (vpp ' + str(m.get('vpp')) + ')' if (m.get('vpp') or 1) > 1 else ''} · dp {m['dp']} · "
+        f"cp {m['cp']} · ep {m['ep']} · {m.get('num_microbatches', '?')} micro-batches per step"
+    )
+    if not m.get("fits", True):
+        widgets.show_error(
+            f"Does not fit in memory: {logic.fmt_bytes(m['memory_per_gpu_bytes'])} per GPU needed, "
+            f"{logic.fmt_bytes(m['hbm_per_gpu_bytes'])} of HBM.",
+            logic.OOM_HINT,
+        )
+    c = st.columns(4)
+    widgets.metric(
+        c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True
+    )
+    widgets.metric(
+        c[1],
+        "MFU",
+        logic.fmt_pct(m["mfu"]),
+        d("mfu"),
+        help=f"model FLOPs / peak; {m['model_tflops_per_gpu']:.0f} TFLOP/s per GPU",
+    )
+    widgets.metric(
+        c[2],
+        "Tokens/s",
+        logic.fmt_count(m["tokens_per_s"]),
+        d("tokens_per_s"),
+        help=f"{m['tokens_per_s_per_gpu']:,.0f} per GPU",
+    )
+    widgets.metric(
+        c[3],
+        "Memory per GPU",
+        logic.fmt_fit(m["memory_per_gpu_bytes"], m["hbm_per_gpu_bytes"]),
+        d("memory_per_gpu_bytes"),
+        lower_is_better=True,
+        help="needed on the fullest pipeline stage / HBM of one GPU",
+    )
+    c = st.columns(4)
+    widgets.metric(
+        c[0],
+        "Time to train",
+        logic.fmt_time(m.get("time_to_train_s")),
+        d("time_to_train_s"),
+        lower_is_better=True,
+    )
+    widgets.metric(
+        c[1],
+        "Cost to train",
+        logic.fmt_usd(m.get("cost_usd")),
+        d("cost_usd"),
+        lower_is_better=True,
+        help=f"{m.get('pricing_option')} price of {r.price_date or 'no date'}",
+    )
+    widgets.metric(
+        c[2],
+        "Cluster $/h",
+        logic.fmt_usd(r.usd_per_hour),
+        d("usd_per_hour", lambda x: x.usd_per_hour),
+        lower_is_better=True,
+        help=f"{m.get('pricing_option')}, price dated {r.price_date or '-'}",
+    )
+    widgets.metric(
+        c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True
+    )
+    sentence = r.details.get("bottleneck") or m.get("bottleneck") or ""
+    st.info(f"**Bottleneck ({m.get('bottleneck', '-')}):** {sentence}", icon=":material/search:")
+    engine_line = (
+        "discrete-event simulation (`fmsim run`)"
+        if out.engine == "des"
+        else "analytical estimate (`fmsim run --estimate`)"
+    )
+    est = out.estimate.metrics["step_time_s"] if out.estimate is not None else None
+    extra = (
+        f"; analytical estimate {logic.fmt_time(est)} "
+        f"({logic.delta_text(m['step_time_s'], est)} vs the simulation)"
+        if out.engine == "des" and est
+        else ""
+    )
+    st.caption(f"Numbers from the {engine_line}{extra}.")
+    if out.note:
+        st.info(out.note)
+
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Step time breakdown")
+        runs = [("base", b), ("what-if", r)] if b is not None else [("what-if", r)]
+        st.altair_chart(charts.breakdown_bar(logic.breakdown_rows(runs)), width="stretch")
+    with right:
+        st.subheader("Memory per GPU")
+        st.altair_chart(charts.memory_bar(logic.memory_rows(r), logic.hbm_bytes(r)), width="stretch")
+    st.subheader("Pipeline timeline (one simulated step)")
+    if out.timeline:
+        st.altair_chart(charts.timeline(out.timeline), width="stretch")
+    if out.timeline_note:
+        st.caption(out.timeline_note)
+    widgets.downloads(P, out, name)
+    with st.expander("The what-if as a scenario file"):
+        st.code(out.yaml_text, language="yaml")
+
+
+main()

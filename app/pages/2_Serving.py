@@ -1,0 +1,424 @@
+"""Serving page: knobs of an inference / test-time-compute what-if -> latency percentiles and CDF,
+throughput against load, KV-cache use, $ per million tokens and per answered question (issue 6,
+item 3)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parents[1]) not in sys.path:  # app/ (see app/Home.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collections.abc import Mapping
+from typing import Any
+
+import streamlit as st
+import yaml
+from explorer import cache, charts, logic, widgets
+
+P = "serve"
+ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
+TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
+ARRIVALS = ["poisson", "constant", "bursty", "closed-loop", "offline"]
+STRATEGIES = ["none", "self-consistency", "best-of-n", "sequential-revision"]
+INLINE = " (inline, from the scenario)"
+FIXED = "fixed price from the scenario"
+SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of kind: inference)
+    "name": "name",
+    "model": "workload.model",
+    "instance": "cluster.instance",
+    "nodes": "cluster.nodes",
+    "precision": "workload.precision",
+    "pricing": "pricing",
+    "tp": "parallelism.tp",
+    "ep": "parallelism.ep",
+    "arrival": "traffic.arrival",
+    "rate": "traffic.rate",
+    "concurrency": "traffic.concurrency",
+    "requests": "traffic.requests",
+    "prompt_len": "traffic.prompt_len",
+    "output_len": "traffic.output_len",
+    "replicas": "serving.replicas",
+}
+
+widgets.page_setup("Serving", ":material/chat:")
+
+
+def _flow(v: Any) -> str:
+    """A raw scenario value as the text a knob shows (YAML flow for mappings)."""
+    if v is None:
+        return ""
+    if isinstance(v, (Mapping, list)):
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
+    return str(v)
+
+
+def _flat_slo(raw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in (raw or {}).items():
+        if isinstance(v, Mapping):
+            for stat, lim in v.items():
+                out[f"{k}_{stat}"] = lim
+        else:
+            out[str(k)] = v
+    return out
+
+
+def knob_defaults(sc, cat) -> dict:
+    model = sc.workload.model
+    ex = sc.extra
+    tr = dict(ex.get("traffic") or {})
+    sv = dict(ex.get("serving") or {})
+    ttc = dict(ex.get("test_time_compute") or {})
+    slo = _flat_slo(ex.get("slo"))
+    reps = sv.get("replicas")
+    return {
+        "name": sc.name,
+        "model": model.name if cat.models.get(model.name) == model else model.name + INLINE,
+        "instance": sc.cluster.instance.name,
+        "nodes": int(sc.cluster.nodes),
+        "precision": sc.workload.precision,
+        "pricing": sc.pricing.option if sc.pricing.option is not None else FIXED,
+        "tp": sc.parallelism.tp,
+        "ep": sc.parallelism.ep,
+        "replicas": int(reps) if isinstance(reps, int) else 0,
+        "arrival": str(tr.get("arrival") or ("closed-loop" if tr.get("concurrency") else "poisson")),
+        "rate": _flow(tr.get("rate")),
+        "concurrency": int(tr.get("concurrency") or 0),
+        "requests": int(tr["requests"]) if isinstance(tr.get("requests"), int) else 0,
+        "prompt_len": _flow(tr.get("prompt_len", 1000)),
+        "output_len": _flow(tr.get("output_len", 1000)),
+        "ttft_p99": _flow(slo.get("ttft_p99")),
+        "tpot_p50": _flow(slo.get("tpot_p50")),
+        "samples": int(ttc.get("samples") or 1),
+        "strategy": str(
+            ttc.get("strategy")
+            or (
+                "best-of-n"
+                if ttc.get("verifier")
+                else "self-consistency"
+                if (ttc.get("samples") or 1) > 1
+                else "none"
+            )
+        ),
+        "revision_rounds": int(ttc.get("revision_rounds") or 1),
+    }
+
+
+def overrides_from(defaults: dict, sc) -> tuple:
+    ss = st.session_state
+    out: dict[str, Any] = {}
+    for knob, path in SIMPLE.items():
+        v = ss[f"{P}.{knob}"]
+        if v == defaults[knob]:
+            continue
+        if knob in ("model", "pricing") and (str(v).endswith(INLINE) or v == FIXED):
+            continue
+        if knob in ("rate", "prompt_len", "output_len"):
+            v = logic.parse_knob_text(str(v))
+        elif knob == "replicas":
+            v = v or "auto"
+        elif knob in ("concurrency", "requests"):
+            v = v or None
+        elif knob == "name":
+            v = str(v).strip()
+        out[path] = v
+    if ss[f"{P}.arrival"] != defaults["arrival"]:
+        if ss[f"{P}.arrival"] != "closed-loop":
+            out["traffic.concurrency"] = None
+        if ss[f"{P}.arrival"] in ("closed-loop", "offline"):
+            out["traffic.rate"] = None
+        if ss[f"{P}.arrival"] != "bursty":
+            out["traffic.burstiness"] = None
+    if any(ss[f"{P}.{k}"] != defaults[k] for k in ("ttft_p99", "tpot_p50")):
+        slo = _flat_slo(sc.extra.get("slo"))
+        for k in ("ttft_p99", "tpot_p50"):
+            v = str(ss[f"{P}.{k}"]).strip()
+            if v:
+                slo[k] = v
+            else:
+                slo.pop(k, None)
+        out["slo"] = slo
+    if any(ss[f"{P}.{k}"] != defaults[k] for k in ("samples", "strategy", "revision_rounds")):
+        ttc = dict(sc.extra.get("test_time_compute") or {})
+        ttc["samples"] = int(ss[f"{P}.samples"])
+        ttc["strategy"] = ss[f"{P}.strategy"]
+        if ss[f"{P}.strategy"] == "sequential-revision":
+            ttc["revision_rounds"] = int(ss[f"{P}.revision_rounds"])
+        else:
+            ttc.pop("revision_rounds", None)
+        if ss[f"{P}.strategy"] != "best-of-n":
+            ttc.pop("verifier", None)
+        out["test_time_compute"] = ttc
+    if out:
+        out["parallelism.dp"] = "auto"
+    return logic.as_overrides(out)
+
+
+def draw_knobs(defaults: dict, cat) -> None:
+    sb = st.sidebar
+    sb.subheader("Knobs")
+    widgets.reset_button(P, defaults)
+    sb.text_input("What-if name", key=f"{P}.name")
+    models = sorted(cat.models)
+    if defaults["model"].endswith(INLINE):
+        models = [defaults["model"], *models]
+    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.selectbox("Instance type", sorted(cat.instances), key=f"{P}.instance")
+    c1, c2 = sb.columns(2)
+    c1.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
+    c1, c2 = sb.columns(2)
+    c1.selectbox(
+        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
+    )
+    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
+    sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
+    sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    sb.markdown("**Traffic**")
+    sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
+    arrival = st.session_state[f"{P}.arrival"]
+    c1, c2 = sb.columns(2)
+    c1.text_input(
+        "Rate",
+        key=f"{P}.rate",
+        disabled=arrival in ("closed-loop", "offline"),
+        help="requests per second: 12, '12/s', '600/min'",
+    )
+    c2.number_input(
+        "Clients",
+        min_value=0,
+        step=1,
+        key=f"{P}.concurrency",
+        disabled=arrival != "closed-loop",
+        help="closed-loop clients",
+    )
+    sb.number_input(
+        "Requests simulated (0 = the scenario's default)", min_value=0, step=100, key=f"{P}.requests"
+    )
+    sb.text_input(
+        "Prompt length (tokens)",
+        key=f"{P}.prompt_len",
+        help="a number, or a distribution: {dist: lognormal, median: 800, sigma: 1.0}",
+    )
+    sb.text_input("Output length (tokens)", key=f"{P}.output_len")
+    sb.markdown("**SLOs**")
+    c1, c2 = sb.columns(2)
+    c1.text_input("TTFT p99 ≤", key=f"{P}.ttft_p99", help="e.g. 2 s; empty for none")
+    c2.text_input("TPOT p50 ≤", key=f"{P}.tpot_p50", help="e.g. 50 ms; empty for none")
+    sb.markdown("**Test-time compute**")
+    c1, c2 = sb.columns(2)
+    c1.number_input("Samples per prompt", min_value=1, max_value=1024, step=1, key=f"{P}.samples")
+    c2.selectbox("Strategy", widgets.with_options(STRATEGIES, defaults["strategy"]), key=f"{P}.strategy")
+    sb.number_input(
+        "Revision rounds",
+        min_value=1,
+        max_value=64,
+        step=1,
+        key=f"{P}.revision_rounds",
+        disabled=st.session_state[f"{P}.strategy"] != "sequential-revision",
+    )
+
+
+def main() -> None:
+    st.title("Serving what-if")
+    source = widgets.scenario_source(
+        P, logic.SERVING_KINDS, what="serving", preferred="examples/serving-llama3.1-70b-chat-p5.yaml"
+    )
+    st.sidebar.subheader("Engine")
+    st.sidebar.radio(
+        "Numbers from",
+        list(ENGINES),
+        key=f"{P}.engine",
+        help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
+        "simulated requests); the analytical estimate is `fmsim run --estimate`.",
+    )
+    if source is None:
+        st.info(
+            "Pick a bundled serving scenario or load a YAML file (`workload.kind: inference`) in the sidebar."
+        )
+        return
+    sc, err, hint = cache.base(source.text, source.label)
+    if sc is None:
+        widgets.show_error(err, hint)
+        return
+    if sc.workload.kind not in logic.SERVING_KINDS:
+        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the Training page.")
+        return
+    cat = cache.catalog()
+    defaults = knob_defaults(sc, cat)
+    widgets.seed_knobs(P, source, defaults)
+    draw_knobs(defaults, cat)
+    widgets.save_knobs(P, list(defaults))
+    engine = ENGINES[st.session_state.get(f"{P}.engine") or "discrete-event simulation"]
+    overrides = overrides_from(defaults, sc)
+    with st.spinner("Simulating…"):
+        out = cache.serving(source.text, source.label, overrides, engine)
+        base = cache.serving(source.text, source.label, (), engine) if overrides else out
+    st.caption(f"Base scenario: **{source.label}** — {sc.description or sc.name}")
+    st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
+    if not out.ok:
+        if out.error_kind == "NotBuiltError":
+            st.info(
+                "The serving simulator is not available in this fmsim yet "
+                f"(`fmsim.simulate` says: {out.error})."
+            )
+        else:
+            widgets.show_error(out.error, out.hint, out.error_kind)
+        st.session_state[f"{P}.result"] = None
+        return
+    render(
+        out,
+        base if base.ok and base is not out else None,
+        source,
+        overrides,
+        st.session_state[f"{P}.name"] or sc.name,
+    )
+
+
+def render(
+    out: logic.Outcome, base: logic.Outcome | None, source: widgets.Source, overrides: tuple, name: str
+) -> None:
+    r, m = out.result, out.result.metrics
+    b = base.result if base is not None else None
+    st.session_state[f"{P}.result"] = r.to_dict()
+
+    def d(col):
+        return None if b is None else widgets.delta(b.get(col), r.get(col))
+
+    pools = r.details.get("pools") or []
+    pool_text = "; ".join(f"{p.get('role')}: {p.get('replicas')} × tp {p.get('tp')}" for p in pools)
+    st.markdown(
+        f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {pool_text or 'tp ' + str(m.get('tp'))} · "
+        f"engine {r.details.get('engine', '-')}"
+    )
+    if m.get("slo_met") is False:
+        st.warning(
+            "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
+        )
+    if m.get("unfinished_requests") or m.get("rejected_requests"):
+        st.warning(
+            f"Overloaded: {m.get('unfinished_requests') or 0} requests unfinished and "
+            f"{m.get('rejected_requests') or 0} rejected within the simulated horizon."
+        )
+    c = st.columns(4)
+    widgets.metric(
+        c[0],
+        "TTFT p50 / p99",
+        logic.fmt_pair(m.get("ttft_p50_s"), m.get("ttft_p99_s")),
+        d("ttft_p99_s"),
+        lower_is_better=True,
+        help="time to first token; the delta is of p99",
+    )
+    widgets.metric(
+        c[1],
+        "TPOT p50 / p99",
+        logic.fmt_pair(m.get("tpot_p50_s"), m.get("tpot_p99_s")),
+        d("tpot_p50_s"),
+        lower_is_better=True,
+        help="time per output token; the delta is of p50",
+    )
+    widgets.metric(
+        c[2],
+        "E2E p50 / p99",
+        logic.fmt_pair(m.get("e2e_p50_s"), m.get("e2e_p99_s")),
+        d("e2e_p99_s"),
+        lower_is_better=True,
+    )
+    widgets.metric(
+        c[3],
+        "Output tokens/s",
+        logic.fmt_count(m.get("output_tokens_per_s")),
+        d("output_tokens_per_s"),
+        help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
+    )
+    c = st.columns(4)
+    widgets.metric(c[0], "Requests/s", logic.fmt_count(m.get("requests_per_s")), d("requests_per_s"))
+    widgets.metric(
+        c[1],
+        "$ per M output tokens",
+        logic.fmt_usd(m.get("usd_per_million_output_tokens")),
+        d("usd_per_million_output_tokens"),
+        lower_is_better=True,
+        help=f"{r.details.get('pricing_option', '')} price dated {r.price_date or '-'}",
+    )
+    widgets.metric(
+        c[2],
+        "$ per answered question",
+        logic.fmt_usd(m.get("usd_per_query")),
+        d("usd_per_query"),
+        lower_is_better=True,
+    )
+    kv = m.get("kv_utilization_mean")
+    peak = m.get("kv_utilization_peak")
+    widgets.metric(
+        c[3],
+        "KV cache use (mean / peak)",
+        f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
+        d("kv_utilization_mean"),
+        help="share of the KV-cache blocks in use",
+    )
+    if m.get("slo_met") is not None:
+        st.caption(
+            f"SLOs met: **{'yes' if m['slo_met'] else 'no'}** · goodput "
+            f"{logic.fmt_count(m.get('goodput_requests_per_s'), '/s')} "
+            f"({logic.fmt_pct(m.get('goodput_fraction'))} of requests within every SLO)"
+        )
+    if r.details.get("bottleneck"):
+        st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
+    st.caption(
+        "Numbers from the "
+        + (
+            "discrete-event simulation (`fmsim run`)."
+            if out.engine == "des"
+            else "analytical estimate (`fmsim run --estimate`)."
+        )
+    )
+
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Latency CDF")
+        points, src = logic.latency_cdf(r)
+        if points:
+            st.altair_chart(charts.latency_cdf(points), width="stretch")
+            if src == "percentiles":
+                st.caption("Drawn through the p50, p90 and p99 the simulator reports.")
+        rows = []
+        for metric in ("ttft", "tpot", "itl", "e2e", "question_latency"):
+            vals = {f"p{q}": logic.fmt_time(m.get(f"{metric}_p{q}_s")) for q in (50, 90, 99)}
+            if any(v != "-" for v in vals.values()):
+                rows.append({"latency": metric, **vals})
+        st.dataframe(rows, hide_index=True, width="stretch")
+    with right:
+        st.subheader("Throughput against load")
+        curve, cerr = cache.load_curve(source.text, source.label, overrides)
+        if curve:
+            rate = logic.finite(m.get("requests_per_s"))
+            st.altair_chart(charts.load_curve(curve, rate), width="stretch")
+            st.caption(
+                "Analytical estimate at fractions of the saturation rate; the grey line is this "
+                "what-if's throughput. Where TTFT leaves the chart, the queue grows without bound."
+            )
+        else:
+            st.caption(f"No load curve: {cerr}")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Memory per GPU")
+        st.altair_chart(charts.memory_bar(logic.memory_rows(r), logic.hbm_bytes(r)), width="stretch")
+    with right:
+        request, step = logic.serving_parts(r)
+        if request:
+            st.subheader("Where a request's time goes")
+            st.altair_chart(charts.breakdown_bar(request, "seconds (mean over requests)"), width="stretch")
+        if step:
+            st.subheader("One decode step")
+            st.altair_chart(charts.breakdown_bar(step, "seconds per decode step"), width="stretch")
+            st.caption("At the mean simulated batch and context.")
+    widgets.downloads(P, out, name)
+    with st.expander("The what-if as a scenario file"):
+        st.code(out.yaml_text, language="yaml")
+
+
+main()

@@ -1,0 +1,470 @@
+"""The what-if explorer (``app/``): every page through ``streamlit.testing`` AppTest (set a widget,
+check that the shown numbers are the API's), the round trip what-if -> YAML -> ``fmsim run``, the
+explorer's pure helpers (``app/explorer/logic.py``) and the ``fmsim app`` command line.
+
+Expected numbers always come from the public API at test time (``fmsim.simulate`` /
+``fmsim.estimate``), formatted the way the pages format them, so the tests follow the simulator's
+physics as it changes and check only that the app shows what the API says.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest
+
+import fmsim
+from fmsim.cli import app_command, app_entry, main
+from fmsim.export import csv_cell
+from fmsim.scenario import scenario_from_mapping
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = ROOT / "app"
+EXAMPLES = ROOT / "scenarios" / "examples"
+LLAMA = EXAMPLES / "llama3-70b-p5.yaml"
+if str(APP) not in sys.path:
+    sys.path.insert(0, str(APP))
+
+from explorer import logic
+
+TIMEOUT_S = 60  # generous per-run bound on a loaded 2-core machine; not a timing assertion
+
+SMALL_SERVING = """\
+version: 1
+name: {name}
+description: a small serving what-if for the app tests
+workload: {{kind: inference, model: llama3-8b, precision: bf16}}
+parallelism: {{tp: 1}}
+cluster: {{instance: p5.48xlarge, nodes: 1}}
+traffic: {{arrival: poisson, rate: 20/s, requests: 150, prompt_len: 400, output_len: 60}}
+slo: {{ttft_p99: 2 s, tpot_p50: 50 ms}}
+"""
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def open_page(page: str | None = None) -> AppTest:
+    """The app started at Home.py (as ``fmsim app`` does), then switched to ``pages/<page>``."""
+    at = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
+    at.run()
+    assert not at.exception
+    if page:
+        at.switch_page(f"pages/{page}")
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def shown(at: AppTest) -> dict[str, str]:
+    """The st.metric values on the page, by label."""
+    return {m.label: m.value for m in at.metric}
+
+
+def texts(elements) -> str:
+    return "\n".join(str(e.value) for e in elements)
+
+
+def training_expect(overrides: dict | None = None, *, engine: str = "des"):
+    sc = fmsim.load_scenario(LLAMA, overrides=overrides)
+    return fmsim.simulate(sc) if engine == "des" else fmsim.estimate(sc)
+
+
+# ----------------------------------------------------------------------------------------------
+# Home
+
+
+def test_home_page_links_every_page_and_reports_the_catalog():
+    at = open_page()
+    links = [e.proto.page for e in at.get("page_link")]
+    assert links == ["Training", "Serving", "Compare", "Catalog"]
+    cat = fmsim.load_catalog()
+    assert f"{len(cat.instances)} instance types" in texts(at.caption)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+
+def test_training_page_shows_what_fmsim_simulate_gives_for_the_bundled_scenario():
+    at = open_page("1_Training.py")
+    assert at.selectbox(key="train.bundled").value == "examples/llama3-70b-p5.yaml"
+    res = training_expect()
+    m = shown(at)
+    assert m["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert m["MFU"] == logic.fmt_pct(res.metrics["mfu"])
+    assert m["Tokens/s"] == logic.fmt_count(res.metrics["tokens_per_s"])
+    assert m["Memory per GPU"] == logic.fmt_fit(
+        res.metrics["memory_per_gpu_bytes"], res.metrics["hbm_per_gpu_bytes"]
+    )
+    assert m["Cost to train"] == logic.fmt_usd(res.metrics["cost_usd"])
+    assert m["Time to train"] == logic.fmt_time(res.metrics["time_to_train_s"])
+    assert res.details["bottleneck"] in texts(at.info)
+    assert at.session_state["train.result"]["step_time_s"] == res.metrics["step_time_s"]
+    assert len(at.get("vega_lite_chart")) == 3  # breakdown, memory, pipeline timeline
+    assert not at.error
+
+
+def test_moving_the_tp_slider_changes_the_step_time_as_the_api_does():
+    at = open_page("1_Training.py")
+    before = shown(at)["Step time"]
+    at.select_slider(key="train.tp").set_value(4).run()
+    assert not at.exception  # (it may not fit in memory: the page then says so, numbers still shown)
+    res = training_expect({"parallelism.tp": 4, "parallelism.dp": "auto"})
+    after = {m.label: m for m in at.metric}
+    assert after["Step time"].value == logic.fmt_time(res.metrics["step_time_s"]) != before
+    assert after["Step time"].delta  # the change against the base scenario is shown
+    assert f"dp {res.metrics['dp']}" in texts(at.markdown)
+    assert at.session_state["train.result"]["tp"] == 4
+
+
+def test_more_nodes_and_the_analytical_engine_show_fmsim_estimate():
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.number_input(key="train.nodes").set_value(16).run()
+    assert not at.exception and not at.error
+    res = training_expect({"cluster.nodes": 16, "parallelism.dp": "auto"}, engine="analytical")
+    m = shown(at)
+    assert m["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert m["Cluster $/h"] == logic.fmt_usd(res.usd_per_hour)
+    assert "fmsim run --estimate" in texts(at.caption)
+
+
+def test_a_gpu_count_that_tp_pp_cp_do_not_divide_is_shown_with_what_to_change():
+    at = open_page("1_Training.py")
+    at.number_input(key="train.nodes").set_value(3).run()
+    assert not at.exception
+    errors = texts(at.error)
+    assert "parallelism.dp" in errors and "24 GPUs are not divisible" in errors
+    assert "What to change" in texts(at.info) and "multiple of tp x pp x cp" in texts(at.info)
+    assert not at.metric
+
+
+def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(1)
+    at.number_input(key="train.pp").set_value(1)
+    at.number_input(key="train.vpp").set_value(1).run()
+    assert not at.exception
+    assert at.selectbox(key="train.schedule").value == "1f1b"  # vpp 1 leaves interleaving
+    assert "Does not fit in memory" in texts(at.error)
+    assert logic.OOM_HINT in texts(at.info)
+    assert at.session_state["train.result"]["fits"] is False
+
+
+def test_the_whatif_yaml_loads_back_identically_and_fmsim_run_gives_the_same_numbers(tmp_path, capsys):
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(4)
+    at.selectbox(key="train.pricing").set_value("capacity-block").run()
+    assert not at.exception
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert "Download the what-if (YAML)" in labels and "Download the results (CSV)" in labels
+    path = tmp_path / "whatif.yaml"
+    path.write_text(at.session_state["train.whatif_yaml"])
+    again = fmsim.load_scenario(path)
+    expect = fmsim.load_scenario(
+        LLAMA, overrides={"parallelism.tp": 4, "parallelism.dp": "auto", "pricing": "capacity-block"}
+    )
+    assert dataclasses.replace(again, file=None) == dataclasses.replace(expect, file=None)
+    out_csv = tmp_path / "run.csv"
+    assert main(["run", str(path), "--csv", str(out_csv)]) == 0
+    capsys.readouterr()
+    with out_csv.open() as fh:
+        row = next(csv.DictReader(fh))
+    app_row = at.session_state["train.result"]
+    assert {k: csv_cell(v) for k, v in app_row.items()} == row
+
+
+def test_a_malformed_upload_is_an_error_on_the_page_not_a_traceback():
+    at = open_page("1_Training.py")
+    bad = (b"version: 1\nname: broken\n"
+           b"workload: {kind: pretrain, model: llama3-70c, seq_len: 8192, global_batch: 8}\n")
+    at.file_uploader(key="train.upload").set_value(("broken.yaml", bad, "application/x-yaml")).run()
+    assert not at.exception
+    err = texts(at.error)
+    assert err.startswith("broken.yaml: workload.model") and "llama3-70b" in err  # did you mean
+    big = b"#" * (1024 * 1024 + 1)
+    at.file_uploader(key="train.upload").set_value(("big.yaml", big, "application/x-yaml")).run()
+    assert not at.exception
+    assert "over the 1,048,576-byte limit" in texts(at.sidebar.error)
+
+
+def test_kept_whatif_appears_on_the_compare_page():
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(4).run()
+    at.button(key="train.keep").click().run()
+    assert not at.exception
+    at.switch_page("pages/3_Compare.py")
+    at.run()
+    assert not at.exception
+    picked = at.multiselect(key="compare.picked").value
+    assert picked[0] == "what-if: llama3-70b-p5" and len(picked) >= 2
+    table = at.dataframe[0].value
+    step = table[table["metric"] == "Step time"].iloc[0]
+    res = training_expect({"parallelism.tp": 4, "parallelism.dp": "auto"})
+    assert step["what-if: llama3-70b-p5"] == logic.fmt_time(res.metrics["step_time_s"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Serving
+
+
+def _upload_serving(at: AppTest, name: str) -> str:
+    text = SMALL_SERVING.format(name=name)
+    at.file_uploader(key="serve.upload").set_value(
+        (f"{name}.yaml", text.encode(), "application/x-yaml")
+    ).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return text
+
+
+def test_serving_page_shows_the_bundled_serving_scenario_as_simulated():
+    at = open_page("2_Serving.py")
+    label = at.selectbox(key="serve.bundled").value
+    res = fmsim.simulate(fmsim.load_scenario(ROOT / "scenarios" / label))
+    m = shown(at)
+    assert m["TTFT p50 / p99"] == logic.fmt_pair(res.metrics["ttft_p50_s"], res.metrics["ttft_p99_s"])
+    assert m["$ per M output tokens"] == logic.fmt_usd(res.metrics["usd_per_million_output_tokens"])
+    assert not at.error
+
+
+def test_serving_rate_knob_changes_latency_throughput_and_cost_as_the_api_does():
+    at = open_page("2_Serving.py")
+    text = _upload_serving(at, "app-test-serving")
+    base = scenario_from_mapping(yaml.safe_load(text), file="app-test-serving.yaml")
+    res = fmsim.simulate(base)
+    m = shown(at)
+    assert m["Requests/s"] == logic.fmt_count(res.metrics["requests_per_s"])
+    assert m["$ per answered question"] == logic.fmt_usd(res.metrics["usd_per_query"])
+    at.text_input(key="serve.rate").set_value("5/s").run()
+    assert not at.exception and not at.error
+    res2 = fmsim.simulate(
+        scenario_from_mapping(
+            yaml.safe_load(text), file="x", overrides={"traffic.rate": "5/s", "parallelism.dp": "auto"}
+        )
+    )
+    m2 = shown(at)
+    assert m2["Requests/s"] == logic.fmt_count(res2.metrics["requests_per_s"]) != m["Requests/s"]
+    assert m2["Output tokens/s"] == logic.fmt_count(res2.metrics["output_tokens_per_s"])
+    assert m2["E2E p50 / p99"] == logic.fmt_pair(res2.metrics["e2e_p50_s"], res2.metrics["e2e_p99_s"])
+    assert len(at.get("vega_lite_chart")) >= 3  # CDF, load curve, memory (+ breakdowns)
+    assert "ttft" in at.dataframe[0].value["latency"].tolist()
+
+
+def test_serving_slo_and_test_time_compute_knobs_reach_the_scenario():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-serving-ttc")
+    at.text_input(key="serve.ttft_p99").set_value("1 ms")
+    at.number_input(key="serve.samples").set_value(4)
+    at.selectbox(key="serve.strategy").set_value("self-consistency").run()
+    assert not at.exception and not at.error
+    doc = yaml.safe_load(at.session_state["serve.whatif_yaml"])
+    assert doc["slo"]["ttft_p99"] == "1 ms"
+    assert doc["test_time_compute"] == {"samples": 4, "strategy": "self-consistency"}
+    assert "SLOs met: **no**" in texts(at.caption)
+
+
+def test_serving_page_says_when_the_serving_simulator_is_not_available(monkeypatch):
+    def not_built(sc, **_):
+        raise fmsim.NotBuiltError(f"{sc.file}: workload.kind: the 'inference' simulator is not built yet")
+
+    monkeypatch.setattr(fmsim, "simulate", not_built)
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-not-built")
+    assert "serving simulator is not available" in texts(at.info)
+    assert not at.error and not at.metric
+
+
+# ----------------------------------------------------------------------------------------------
+# Compare and Catalog
+
+
+def test_compare_page_shows_two_bundled_scenarios_side_by_side_with_deltas():
+    at = open_page("3_Compare.py")
+    picked = at.multiselect(key="compare.picked").value
+    assert picked == ["examples/llama3-70b-p5.yaml", "examples/llama3.1-405b-p5en.yaml"]
+    table = at.dataframe[0].value
+    results = [fmsim.simulate(fmsim.load_scenario(ROOT / "scenarios" / p)) for p in picked]
+    step = table[table["metric"] == "Step time"].iloc[0]
+    for p, r in zip(picked, results):
+        assert step[p] == logic.fmt_time(r.metrics["step_time_s"])
+    a, b = (r.metrics["step_time_s"] for r in results)
+    assert step[f"Δ {picked[1]}"] == f"{100 * (b - a) / a:+.1f} %"
+    assert not at.error
+
+
+def test_catalog_page_lists_every_price_with_its_date_and_source():
+    at = open_page("4_Catalog.py")
+    cat = fmsim.load_catalog()
+    assert len(at.dataframe[0].value) == len(cat.instances)
+    at.radio(key="catalog.table").set_value("Prices").run()
+    df = at.dataframe[0].value
+    assert len(df) == sum(len(v) for v in cat.prices.values())
+    assert df["date"].str.len().min() >= 7 and df["source"].str.len().min() > 0
+    at.text_input(key="catalog.filter").set_value("p5en.48xlarge").run()
+    assert set(at.dataframe[0].value["instance"]) == {"p5en.48xlarge"}
+    for table in ("Accelerators", "Models", "Fabrics", "Storage"):
+        at.text_input(key="catalog.filter").set_value("")
+        at.radio(key="catalog.table").set_value(table).run()
+        assert not at.exception and len(at.dataframe[0].value) > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# explorer.logic
+
+
+def test_knob_overrides_round_trip_through_the_hashable_cache_key():
+    values = {"parallelism.tp": 4, "slo": {"ttft_p99": "2 s"}, "traffic.rate": None}
+    key = logic.as_overrides(values)
+    hash(key)
+    assert dict(logic._unfreeze(key)) == values
+
+
+def test_run_training_turns_a_bug_into_a_one_line_internal_error(monkeypatch):
+    def boom(sc):
+        raise RuntimeError("kaput\nsecond line")
+
+    monkeypatch.setattr(fmsim, "estimate", boom)
+    out = logic.run_training(LLAMA.read_text(), "x.yaml")
+    assert not out.ok and out.error == "internal error in fmsim (RuntimeError: kaput)"
+    assert out.error_kind == "InternalError" and out.yaml_text  # the what-if itself was valid
+
+
+def test_large_steps_fall_back_to_the_estimate_with_a_note():
+    out = logic.run_training(LLAMA.read_text(), "x.yaml", des_job_limit=10)
+    assert out.ok and out.engine == "analytical" and "fmsim run --estimate" in out.note
+    assert out.result.metrics["step_time_s"] == training_expect(engine="analytical").metrics["step_time_s"]
+
+
+def test_timeline_rows_merge_touching_spans_and_bin_large_traces():
+    meta = [
+        {"ph": "M", "name": "thread_name", "tid": 0, "args": {"name": "stage0"}},
+        {"ph": "M", "name": "thread_name", "tid": 1, "args": {"name": "dp0"}},
+    ]
+    spans = [
+        {"ph": "X", "tid": 0, "ts": 0, "dur": 10, "cat": "forward", "name": "F0"},
+        {"ph": "X", "tid": 0, "ts": 10, "dur": 10, "cat": "forward", "name": "F1"},
+        {"ph": "X", "tid": 0, "ts": 20, "dur": 30, "cat": "backward", "name": "B0"},
+        {"ph": "X", "tid": 1, "ts": 50, "dur": 5, "cat": "dp", "name": "reduce"},
+    ]
+    rows, note = logic.timeline_rows(meta + spans)
+    assert [(r[0], r[3], r[4]) for r in rows] == [
+        ("stage 0 compute", "forward", "2 forward spans"),
+        ("stage 0 compute", "backward", "B0"),
+        ("stage 0 DP comm", "dp", "reduce"),
+    ] and note == ""
+    assert [r[1:3] for r in rows] == [pytest.approx(t) for t in ((0, 20e-6), (20e-6, 50e-6), (50e-6, 55e-6))]
+    many = [
+        {
+            "ph": "X",
+            "tid": 0,
+            "ts": 2 * i,
+            "dur": 1,
+            "cat": "forward" if i % 2 else "backward",
+            "name": str(i),
+        }
+        for i in range(5000)
+    ]
+    rows, note = logic.timeline_rows(meta + many, max_rows=100)
+    assert 0 < len(rows) <= 100 and "time bins" in note
+    assert math.isclose(max(r[2] for r in rows), 9999e-6, rel_tol=0.02)
+
+
+def test_latency_cdf_uses_samples_when_the_simulator_gives_them_else_percentiles():
+    res = fmsim.results.Result(
+        scenario="s",
+        kind="inference",
+        instance="i",
+        nodes=1,
+        gpus=1,
+        usd_per_hour=1.0,
+        price_date="",
+        metrics={"ttft_p50_s": 0.1, "ttft_p90_s": 0.2, "ttft_p99_s": math.inf},
+    )
+    points, src = logic.latency_cdf(res)
+    assert src == "percentiles" and [(p["latency_s"], p["quantile"]) for p in points] == [
+        (0.1, 0.5),
+        (0.2, 0.9),
+    ]
+    res = dataclasses.replace(res, details={"latency_samples": {"ttft": [0.3, 0.1, 0.2, 0.4]}})
+    points, src = logic.latency_cdf(res)
+    assert src == "samples" and points[0] == {"metric": "ttft", "latency_s": 0.1, "quantile": 0.25}
+    assert points[-1]["quantile"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "seconds, text",
+    [
+        (15.615, "15.6 s"),
+        (0.00861, "8.61 ms"),
+        (3 * 3600, "3 h"),
+        (223375358.0, "7.08 years"),
+        (None, "-"),
+        (math.inf, "unbounded"),
+    ],
+)
+def test_times_are_shown_in_the_largest_unit_that_fits(seconds, text):
+    assert logic.fmt_time(seconds) == text
+
+
+def test_deltas_and_hints_for_what_to_change():
+    assert logic.delta_text(10.0, 12.5) == "+25.0 %" and logic.delta_text("a", "a") == "same"
+    err = fmsim.ParallelismError(
+        "12 does not divide 64 attention heads", file="x.yaml", field="parallelism.tp"
+    )
+    assert "divides the model's attention heads" in logic.hint_for(err)
+    assert logic.hint_for(fmsim.OutOfMemoryError("too big")) == logic.OOM_HINT
+    with pytest.raises(fmsim.ConfigError, match="over the 1,048,576-byte limit"):
+        logic.decode_upload("big.yaml", b" " * (1024 * 1024 + 1))
+
+
+def test_bundled_scenarios_are_listed_with_their_kinds_examples_first():
+    found = logic.bundled_scenarios()
+    kinds = {b.label: b.kind for b in found}
+    assert kinds["examples/llama3-70b-p5.yaml"] == "pretrain"
+    assert found[0].label.startswith("examples/")
+    with pytest.raises(fmsim.ConfigError):
+        logic.read_bundled("../setup.py")
+
+
+# ----------------------------------------------------------------------------------------------
+# fmsim app
+
+
+def test_fmsim_app_runs_the_entry_page_headless_on_the_given_port():
+    cmd = app_command(8611, "127.0.0.1")
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(APP / "Home.py")
+    opts = dict(zip(cmd[5::2], cmd[6::2]))
+    assert opts["--server.headless"] == "true" and opts["--server.port"] == "8611"
+    assert opts["--server.address"] == "127.0.0.1" and opts["--browser.gatherUsageStats"] == "false"
+
+
+def test_fmsim_app_execs_streamlit_and_refuses_a_bad_port(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr("os.execv", lambda path, argv: calls.append((path, argv)))
+    assert main(["app", "--port", "8612"]) == 0
+    assert calls and calls[0][1][calls[0][1].index("--server.port") + 1] == "8612"
+    assert main(["app", "--port", "70000"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "fmsim app: --port: 70000 is not a TCP port (expected 1 .. 65535)"
+
+
+def test_fmsim_app_finds_the_explorer_shipped_inside_the_wheel(monkeypatch, tmp_path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "Home.py").write_text("")
+    monkeypatch.setattr("fmsim.catalog.data_root", lambda: tmp_path)
+    assert app_entry() == tmp_path / "app" / "Home.py"
+    monkeypatch.setattr("fmsim.catalog.data_root", lambda: tmp_path / "nowhere")
+    with pytest.raises(fmsim.ConfigError, match="the explorer is not installed here"):
+        app_entry()
+    setup = (ROOT / "setup.py").read_text()
+    assert '"app")' in setup.split("DATA_DIRS = ", 1)[1].splitlines()[0]  # pip install . ships app/
