@@ -238,3 +238,16 @@ def test_stragglers_slow_the_step_by_the_expected_maximum_and_zero_jitter_change
     assert jittery.breakdown["straggler"] > 0
     est = fmsim.estimate(scenario(**{"cluster.nodes": 16, "cluster.stragglers": {"cv": cv}}))
     assert est.metrics["step_time_s"] > fmsim.estimate(scenario(**{"cluster.nodes": 16})).metrics["step_time_s"]
+
+
+def test_a_plan_that_overflows_hbm_raises_a_typed_error_naming_the_largest_part():
+    from fmsim.errors import OutOfMemoryError
+
+    sc = scenario(**{"parallelism.tp": 1, "parallelism.pp": 1, "parallelism.vpp": 1,
+                     "parallelism.schedule": "1f1b", "workload.global_batch": 64, "parallelism.recompute": "none"})
+    plan = build_plan(sc)
+    with pytest.raises(OutOfMemoryError, match="largest part") as err:
+        plan.memory[0].require_fit(plan.hbm_bytes, where="stage 0")
+    assert err.value.breakdown and max(err.value.breakdown.values()) > 0
+    assert "largest part" in fmsim.estimate(sc).details["memory_error"]
+    build_plan(scenario()).memory[0].require_fit(build_plan(scenario()).hbm_bytes)   # fits: no error

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import OutOfMemoryError
 from .architecture import ModelSpec
 from .flops import attention_dims
 
@@ -40,6 +41,19 @@ class MemoryBreakdown:
     def as_dict(self) -> dict[str, float]:
         return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
                 "activations": self.activations, "logits": self.logits}
+
+    def require_fit(self, hbm_bytes: float, *, where: str = "") -> None:
+        """Raise :class:`OutOfMemoryError` naming the largest part when the total exceeds ``hbm_bytes``."""
+        if self.total <= hbm_bytes:
+            return
+        parts = self.as_dict()
+        big = max(parts, key=parts.get)
+        gib = 2.0 ** 30
+        raise OutOfMemoryError(
+            f"{where + ': ' if where else ''}needs {self.total / gib:.1f} GiB per GPU of {hbm_bytes / gib:.1f} GiB; "
+            f"largest part: {big} {parts[big] / gib:.1f} GiB "
+            f"(expected a plan that fits: raise tp/pp, recompute, ZeRO, smaller micro-batch)",
+            breakdown=parts)
 
 
 def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,

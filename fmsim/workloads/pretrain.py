@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.des import Job, RunResult, run_jobs
+from ..errors import OutOfMemoryError
 from ..model.flops import model_flops_per_step
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
@@ -320,6 +321,13 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     }
     det = dict(details)
     det["bottleneck"] = sentence
+    if not fits:
+        # the typed error a strict caller would raise (plan.memory[s].require_fit); kept as text so
+        # what-if faces can still show the step time of a plan that needs a bigger GPU
+        try:
+            mem[worst].require_fit(plan.hbm_bytes, where=f"pipeline stage {worst}")
+        except OutOfMemoryError as exc:
+            det["memory_error"] = str(exc)
     det["memory_by_stage"] = [m.as_dict() for m in mem]
     det["price_source"] = price.source
     return Result(scenario=sc.name, kind=sc.workload.kind, instance=plan.instance.name, nodes=nodes,
