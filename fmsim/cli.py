@@ -149,6 +149,21 @@ def _load_all(args: argparse.Namespace) -> tuple[list[Any], list[str], int]:
     return scenarios, errors, len(files)
 
 
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of worker processes") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be >= 1")
+    return n
+
+
+def _add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", "-j", type=_jobs, default=os.cpu_count() or 1, metavar="N",
+                   help="scenarios run in N worker processes (default: the machine's cores); same numbers")
+
+
 def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], Any]:
     """``fmsim.simulate`` or ``fmsim.estimate`` from the facade, looked up when first needed."""
     import fmsim
@@ -272,7 +287,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         _say_error(line)
     with_expect = [sc for sc in scenarios if sc.expect]
     skipped = len(scenarios) - len(with_expect)
-    rows = check_scenarios(with_expect, _runner(args.estimate)) if with_expect else []
+    rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs) if with_expect else []
     table = []
     for r in rows:
         if r.expect is None:
@@ -311,7 +326,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for line in errors:
         _say_error(line)
     with_measured = [sc for sc in scenarios if sc.measured]
-    rows = validate_scenarios(with_measured, _runner(args.estimate)) if with_measured else []
+    rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs) if with_measured else []
     table = []
     for r in rows:
         if r.key == "-":
@@ -690,10 +705,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="run scenarios with expect: bands; exit 1 when one leaves its band")
     _add_scenario_args(p)
+    _add_jobs_arg(p)
     p.set_defaults(_handler=cmd_check)
 
     p = sub.add_parser("validate", help="run scenarios with measured: values; predicted vs measured")
     _add_scenario_args(p)
+    _add_jobs_arg(p)
     p.add_argument("--csv", metavar="F", help="write the comparison rows as CSV to F ('-' = stdout)")
     p.set_defaults(_handler=cmd_validate)
 

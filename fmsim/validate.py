@@ -131,15 +131,37 @@ def predicted_value(sc: Scenario, result: Result, key: str) -> float | None:
     return flop_per_s_per_gpu / peak
 
 
-def check_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[CheckRow]:
+class _Failed(Exception):
+    """A scenario whose run raised; carries its one-line error."""
+
+
+def _run_one(run: Runner, sc: Scenario) -> tuple[Result | None, str | None]:
+    try:
+        return run(sc), None
+    except FmsimError as exc:
+        return None, error_line(sc, exc)
+
+
+def run_all(scenarios: Sequence[Scenario], run: Runner, jobs: int = 1) -> list[tuple[Result | None, str | None]]:
+    """``(result, None)`` or ``(None, error line)`` per scenario, in order; ``jobs`` worker processes.
+
+    Scenarios are independent, so a validation or check run spreads over the machine's cores; each
+    result is what a serial run gives, byte for byte (every run is seeded from its scenario)."""
+    if jobs <= 1 or len(scenarios) <= 1:
+        return [_run_one(run, sc) for sc in scenarios]
+    import concurrent.futures
+    import functools
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(scenarios))) as pool:
+        return list(pool.map(functools.partial(_run_one, run), scenarios, chunksize=1))
+
+
+def check_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1) -> list[CheckRow]:
     """Run each scenario with ``expect:`` and compare every expected key with its band."""
     rows: list[CheckRow] = []
-    for sc in scenarios:
-        if not sc.expect:
-            continue
-        try:
-            result = run(sc)
-        except FmsimError as exc:
+    todo = [sc for sc in scenarios if sc.expect]
+    for sc, (result, err) in zip(todo, run_all(todo, run, jobs)):
+        if err is not None:
             rows.append(
                 CheckRow(
                     scenario=sc.name,
@@ -148,7 +170,7 @@ def check_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[CheckRow
                     predicted=None,
                     expect=None,
                     ok=False,
-                    error=error_line(sc, exc),
+                    error=err,
                 )
             )
             continue
@@ -169,17 +191,17 @@ def check_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[CheckRow
     return rows
 
 
-def validate_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[ValidationRow]:
+def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1) -> list[ValidationRow]:
     """Run each scenario with ``measured:``; one row per measured key (or one error row)."""
     rows: list[ValidationRow] = []
-    for sc in scenarios:
-        if not sc.measured:
-            continue
+    todo = [sc for sc in scenarios if sc.measured]
+    for sc, (result, err) in zip(todo, run_all(todo, run, jobs)):
         formula = sc.flops_formula
         try:
-            result = run(sc)
+            if err is not None:
+                raise _Failed(err)
             predictions = {key: predicted_value(sc, result, key) for key in sc.measured}
-        except FmsimError as exc:
+        except (FmsimError, _Failed) as exc:
             rows.append(
                 ValidationRow(
                     scenario=sc.name,
@@ -190,7 +212,7 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner) -> list[Valid
                     error_pct=None,
                     source=sc.measured_source,
                     formula=formula,
-                    error=error_line(sc, exc),
+                    error=str(exc) if isinstance(exc, _Failed) else error_line(sc, exc),
                 )
             )
             continue

@@ -64,51 +64,66 @@ def run_jobs(jobs: Sequence[Job], capacities: Mapping[Hashable, float] | None = 
         Keep a :class:`Span` per job (for traces and breakdowns).
     """
     env = simpy.Environment()
-    events: dict[str, simpy.Event] = {j.key: env.event() for j in jobs}
     caps = dict(capacities or {})
     net = FlowNetwork(env, caps) if (contention and caps) else None
     res = RunResult(makespan_s=0.0)
+    index = {j.key: i for i, j in enumerate(jobs)}
+    if len(index) != len(jobs):
+        raise ValueError("job keys must be unique")
+    # a job starts when its `after` events and the job before it on its stream have completed;
+    # completions are simpy events whose callbacks release the jobs waiting on them (no process
+    # per job: the event queue alone orders the run, same-time events in scheduling order)
+    pending = [0] * len(jobs)
+    waiters: list[list[int]] = [[] for _ in jobs]
+    last_on_stream: dict[str, int] = {}
+    for i, j in enumerate(jobs):
+        for dep in j.after:
+            d = index.get(dep)
+            if d is None:
+                raise KeyError(f"job {j.key!r} waits for unknown event {dep!r}")
+            waiters[d].append(i)
+            pending[i] += 1
+        if j.stream is not None:
+            prev = last_on_stream.get(j.stream)
+            if prev is not None:
+                waiters[prev].append(i)
+                pending[i] += 1
+            last_on_stream[j.stream] = i
+    done = [False] * len(jobs)
 
-    def execute(job: Job):
-        for dep in job.after:
-            ev = events.get(dep)
-            if ev is None:
-                raise KeyError(f"job {job.key!r} waits for unknown event {dep!r}")
-            if not ev.triggered:
-                yield ev
-        start = env.now
-        if job.duration_s > 0:
-            if net is not None and job.links:
-                cap = min(caps[link] for link in job.links)
-                yield net.transfer(job.links, job.duration_s * cap)
-            else:
-                yield env.timeout(job.duration_s)
+    def finish(i: int, start: float) -> None:
+        job = jobs[i]
         end = env.now
         res.start_s[job.key] = start
         res.end_s[job.key] = end
         if record and job.duration_s > 0:
             res.spans.append(Span(job.stream or "async", job.label or job.key, job.category, start, end))
-        events[job.key].succeed()
+        done[i] = True
+        for w in waiters[i]:
+            pending[w] -= 1
+            if pending[w] == 0:
+                launch(w)
 
-    def stream_proc(queue: list[Job]):
-        for job in queue:
-            yield from execute(job)
-
-    def async_proc(job: Job):
-        yield from execute(job)
-
-    streams: dict[str, list[Job]] = {}
-    for j in jobs:
-        if j.stream is None:
-            env.process(async_proc(j))
+    def launch(i: int) -> None:
+        job = jobs[i]
+        start = env.now
+        if job.duration_s <= 0:
+            finish(i, start)
+            return
+        if net is not None and job.links:
+            cap = min(caps[link] for link in job.links)
+            ev = net.transfer(job.links, job.duration_s * cap)
         else:
-            streams.setdefault(j.stream, []).append(j)
-    for name in streams:                    # insertion order: deterministic
-        env.process(stream_proc(streams[name]))
+            ev = env.timeout(job.duration_s)
+        ev.callbacks.append(lambda _ev, i=i, start=start: finish(i, start))
+
+    ready = [i for i in range(len(jobs)) if pending[i] == 0]
+    for i in ready:                          # job order: deterministic
+        launch(i)
     env.run()
-    missing = [k for k, e in events.items() if not e.triggered]
-    if missing:
-        raise RuntimeError(f"deadlock: {len(missing)} jobs never ran (first: {missing[0]})")
+    if not all(done):
+        first = next(j.key for j, d in zip(jobs, done) if not d)
+        raise RuntimeError(f"deadlock: {done.count(False)} jobs never ran (first: {first})")
     res.makespan_s = max(res.end_s.values(), default=0.0)
     res.num_events = len(jobs)
     return res

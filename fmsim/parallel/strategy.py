@@ -192,23 +192,44 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """One building block of a stage (a layer kind, the embedding, the head): its compute seconds
+    and exposed communication, forward and backward, costed once and counted per stage."""
+
+    fwd_s: float
+    bwd_s: float
+    rec_s: float
+    flops_fwd: float
+    fwd_comm: Mapping[str, float]
+    bwd_comm: Mapping[str, float]
+
+    @classmethod
+    def of(cls, coster: "CommCoster", fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool) -> "_Piece":
+        bc = _exposed(coster, bwd, overlap_tp)
+        for k, t in _exposed(coster, rec, overlap_tp).items():
+            bc[k] = bc.get(k, 0.0) + t
+        return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, fwd.flops, _exposed(coster, fwd, overlap_tp), bc)
+
+
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
                       pp: int, vpp: int, frozen_weights: bool = False) -> tuple[StageCost, ...]:
-    """Forward/backward cost of one micro-batch through each virtual stage."""
-    rf = Roofline.of(instance.accelerator, shard.precision)
-    per_layer: dict[bool, tuple[PassCost, PassCost, PassCost]] = {}
+    """Forward/backward cost of one micro-batch through each virtual stage.
 
-    def layer_cost(i: int) -> tuple[PassCost, PassCost, PassCost]:
+    Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
+    costed once -- collectives included, TP overlap applied layer by layer -- and counted."""
+    rf = Roofline.of(instance.accelerator, shard.precision)
+    per_layer: dict[tuple[bool, bool], _Piece] = {}
+
+    def layer_piece(i: int) -> _Piece:
         moe = model.is_moe_layer(i)
-        dense_wide = bool(model.moe and model.moe.dense_ffn_hidden and not moe)
-        key = (moe, dense_wide)
+        key = (moe, bool(model.moe and model.moe.dense_ffn_hidden and not moe))
         if key not in per_layer:
             attn, mlp = layer_forward(model, i, shard, rf)
             fwd = PassCost()
             fwd.add(attn)
             fwd.add(mlp)
-            bwd = backward_of(fwd, frozen_weights=frozen_weights)
             if recompute == "full":
                 rec = fwd
             elif recompute == "selective":
@@ -216,46 +237,39 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                 rec = PassCost(attention_s=attn.attention_s, flops=attn.attention_s * rf.attn_flop_per_s)
             else:
                 rec = PassCost()
-            per_layer[key] = (fwd, bwd, rec)
+            per_layer[key] = _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), rec,
+                                       overlap_tp)
         return per_layer[key]
 
+    def simple_piece(fwd: PassCost) -> _Piece:
+        return _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), PassCost(), overlap_tp)
+
+    embed = simple_piece(embedding_forward(model, shard, rf))
+    head = simple_piece(logits_forward(model, shard, rf))
+    proj = PassCost()
+    proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
+    # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more transformer
+    # block (as the last layer), a 2h -> h projection and the shared head, on the last stage
+    mtp = [layer_piece(model.layers - 1), simple_piece(proj), head] * model.mtp_layers
     n = pp * vpp
     out = []
     for v, lay in enumerate(layers):
-        fwd, bwd, rec = PassCost(), PassCost(), PassCost()
-        for i in lay:
-            f, b, r = layer_cost(i)
-            fwd.add(f)
-            bwd.add(b)
-            rec.add(r)
+        pieces = [layer_piece(i) for i in lay]
         if v == 0:
-            e = embedding_forward(model, shard, rf)
-            fwd.add(e)
-            bwd.add(backward_of(e, frozen_weights=frozen_weights))
+            pieces.append(embed)
         if v == n - 1:
-            lg = logits_forward(model, shard, rf)
-            fwd.add(lg)
-            bwd.add(backward_of(lg, frozen_weights=frozen_weights))
-            for _ in range(model.mtp_layers):
-                # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more
-                # transformer block (as the last layer), a 2h -> h projection and the shared head
-                f, b, r = layer_cost(model.layers - 1)
-                fwd.add(f)
-                bwd.add(b)
-                rec.add(r)
-                proj = PassCost()
-                proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
-                fwd.add(proj)
-                bwd.add(backward_of(proj, frozen_weights=frozen_weights))
-                fwd.add(lg)
-                bwd.add(backward_of(lg, frozen_weights=frozen_weights))
-        fc = _exposed(coster, fwd, overlap_tp)
-        bc = _exposed(coster, bwd, overlap_tp)
-        if rec.comms:
-            for k, t in _exposed(coster, rec, overlap_tp).items():
+            pieces += [head, *mtp]
+        fc: dict[str, float] = {}
+        bc: dict[str, float] = {}
+        for pc in pieces:
+            for k, t in pc.fwd_comm.items():
+                fc[k] = fc.get(k, 0.0) + t
+            for k, t in pc.bwd_comm.items():
                 bc[k] = bc.get(k, 0.0) + t
-        out.append(StageCost(fwd_compute_s=fwd.compute_s, bwd_compute_s=bwd.compute_s, fwd_comm=fc, bwd_comm=bc,
-                             recompute_s=rec.compute_s, flops_fwd=fwd.flops, layers=tuple(lay)))
+        out.append(StageCost(fwd_compute_s=sum(pc.fwd_s for pc in pieces),
+                             bwd_compute_s=sum(pc.bwd_s for pc in pieces), fwd_comm=fc, bwd_comm=bc,
+                             recompute_s=sum(pc.rec_s for pc in pieces),
+                             flops_fwd=sum(pc.flops_fwd for pc in pieces), layers=tuple(lay)))
     return tuple(out)
 
 

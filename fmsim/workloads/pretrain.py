@@ -119,7 +119,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     links = (("tx", s), ("rx", prv)) if plan.pp_cross_node else ()
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send grad mb{t.microbatch} v{v}"))
-        last_key = [j.key for j in jobs if j.stream == comp][-1]
+        last_key = task_keys[-1]
         wait = plan.straggler_step_wait_s([d for c in range(vpp) for d in
                                           (plan.virtual_stage(s, c).fwd_s, plan.virtual_stage(s, c).bwd_s)] * m)
         if wait > 0:
