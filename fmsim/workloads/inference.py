@@ -500,6 +500,10 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
         m[f"e2e_p{q}_s"] = _pct(e2e_a, q)
         m[f"itl_p{q}_s"] = weighted_percentile(gaps_a, w_a, q)
         m[f"question_latency_p{q}_s"] = _pct(qlat, q)
+    # the latency distributions as 201 quantiles each (0, 0.5, ..., 100 %): enough to draw a CDF
+    qs_grid = np.linspace(0.0, 100.0, 201)
+    m["_latency_quantiles"] = {name: (np.percentile(a, qs_grid).tolist() if a.size else [])
+                               for name, a in (("ttft", ttft_a), ("tpot", tpot_a), ("e2e", e2e_a))}
     m["ttft_mean_s"] = float(ttft_a.mean()) if ttft_a.size else math.nan
     m["tpot_mean_s"] = float(tpot_a.mean()) if tpot_a.size else math.nan
     m["e2e_mean_s"] = float(e2e_a.mean()) if e2e_a.size else math.nan
@@ -662,6 +666,7 @@ def simulate_plan(plan: ServingPlan, *, estimate: bool = False, trace_path: str 
         m = _collect(sim)
         det = _details(plan)
         det["method"] = "discrete-event"
+        det["latency_samples"] = m.pop("_latency_quantiles")   # quantiles, for CDF plots
         if trace_path is not None:
             _write_trace(sim, trace_path)
     bd = _breakdown(plan, m)
