@@ -22,11 +22,8 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
-# one fixed cost per GPU kernel for training and serving (launch, pipeline fill, tail): the serving
-# model's global figure, from DeepGEMM's published small-M timings (see serving_cost.py)
-from .serving_cost import KERNEL_FIXED_S, gemm_k0
+from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, gemm_k0
 
-BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
@@ -127,7 +124,7 @@ class Roofline:
             compute_units=getattr(acc, "compute_units", 0),
             # k/(k+K0): each output tile pays a fixed prologue/epilogue besides its k-loop (a
             # systolic array's fill and drain is the same kind of cost); K0 from DeepGEMM's FP8
-            # table, scaled by the math rate (serving_cost.gemm_k0)
+            # table, scaled by the math rate (kernels.gemm_k0)
             gemm_k0=gemm_k0(acc.peak(precision)),
         )
 

@@ -1,0 +1,41 @@
+"""Kernel-level facts the training and serving cost models share.
+
+Owns the bytes per element of each number format, the fixed cost of one GPU kernel, and the
+GEMM reduction-depth efficiency ``k / (k + K0)`` -- one set of figures, each with its source, so
+that a training step and a serving iteration price the same kernel the same way.
+"""
+from __future__ import annotations
+
+# Bytes per element. NVFP4 packs 16 four-bit values with one FP8 (E4M3) scale:
+# 0.5 + 1/16 bytes per element (NVIDIA, "Introducing NVFP4 for efficient and accurate
+# low-precision inference", developer blog 2025, block size 16 with an FP8 scale).
+BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+# Fixed time of one GPU kernel beyond its roofline (launch, pipeline fill, tail wave). Derived
+# from DeepGEMM's published FP8 GEMM table on H800 (README, 2025-02: M=64/128 rows, e.g.
+# 64x2112x7168 at 206 TFLOP/s = 9.4 us vs a 5.1 us roofline at 0.88 x 3.35 TB/s): measured minus
+# roofline is 2.4-5.9 us over the four small-M rows, mean 4.2 us. Global, applied per kernel.
+KERNEL_FIXED_S = 4.2e-6
+# Compute efficiency of a GEMM as a function of its reduction depth K: every output tile pays a
+# fixed prologue/epilogue (pipeline fill, accumulator promotion, writing the tile) worth about K0
+# elements of K, so a GEMM reaches e_max * K / (K + K0) of peak. Fitted (least squares on 1/e vs
+# 1/K) to the six M=4096 rows of DeepGEMM's FP8 GEMM table on H800 (deepseek-ai/DeepGEMM README
+# @7a70b43, 2025-02: K=512..16384 at 590..1358 TFLOP/s of 1979): K0 = 640, e_max = 0.68 -- the same
+# asymptote as the catalog's large-GEMM FP8 efficiency (0.70 on H100), so the catalog figure is
+# used as e_max and K / (K + K0) scales it. Tensor parallelism shortens K of the row-parallel
+# GEMMs (attention output, MLP down) to K / tp, which is where this bites.
+GEMM_K0 = 640.0
+
+
+#: Dense FP8 peak of the H800/H100 SXM (NVIDIA H100 datasheet): the math rate GEMM_K0 was fitted at.
+H800_FP8_PEAK_FLOP_PER_S = 1979e12
+
+
+def gemm_k0(peak_flop_per_s: float) -> float:
+    """K0 at another math rate: the fixed time per output tile is worth K0 k-steps at the fitted rate,
+    and proportionally more k-steps on faster math (the training operator model uses the same rule)."""
+    return GEMM_K0 * peak_flop_per_s / H800_FP8_PEAK_FLOP_PER_S
+
+
+def gemm_k_efficiency(k: float, k0: float = GEMM_K0) -> float:
+    """Share of the large-GEMM efficiency a GEMM of reduction depth ``k`` reaches, ``k / (k + K0)``."""
+    return k / (k + k0) if k > 0 else 1.0
