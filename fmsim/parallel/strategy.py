@@ -31,6 +31,8 @@ OPTIMIZER_BYTES_PER_PARAM = 30.0
 #: Megatron's default gradient bucket: 40 M parameters (``--ddp-bucket-size`` default in
 #: Megatron-Core DistributedDataParallelConfig is max(40M, 1M·dp)).
 BUCKET_PARAMS = 40e6
+#: SMs a collective kernel occupies while it runs beside compute (see Plan.comm_sm_share).
+COMM_SMS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,15 @@ class Plan:
     @property
     def tokens_per_step(self) -> float:
         return float(self.global_batch) * self.seq_len
+
+    @property
+    def comm_sm_share(self) -> float:
+        """Share of the SMs a collective occupies while it overlaps compute: about 20 SMs drive
+        NVLink and InfiniBand at full bandwidth (DeepSeek-V3 technical report, arXiv 2412.19437,
+        §3.2.2, on H800), so compute beside a collective runs on the others. Chips whose
+        collectives run on dedicated engines (no SM count in the catalog: Trainium) lose nothing."""
+        units = self.instance.accelerator.compute_units
+        return COMM_SMS / units if units else 0.0
 
     @property
     def straggler_task_factor(self) -> float:

@@ -42,6 +42,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
     jobs: list[Job] = []
     jit = plan.straggler_task_factor
+    sm = plan.comm_sm_share
     fsdp = plan.zero >= 3
     grad_overlap = overlap and plan.overlap_grad_reduce and not fsdp
     gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1 and not fsdp
@@ -50,16 +51,21 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
         dp_links = (("tx", s), ("rx", s)) if dp_cross else ()
         gathers_per_chunk = plan.dp_gather_s[s] / vpp
         reduce_per_chunk = sum(plan.dp_buckets[s]) / vpp
-        if gather_overlap and gathers_per_chunk > 0:
-            for c in range(vpp):
-                jobs.append(Job(f"gather{s}.{c}", comm, gathers_per_chunk, links=dp_links,
-                                category="dp", label=f"param all-gather chunk {c}"))
         buckets = list(plan.dp_buckets[s])
         # buckets are reduced as the last micro-batch's backward of each chunk produces them;
         # chunks finish in reverse order (chunk vpp-1 first), so hand buckets out per chunk
         per_chunk = [[] for _ in range(vpp)]
         for i, b in enumerate(buckets):
             per_chunk[min(vpp - 1, i * vpp // max(1, len(buckets)))].append(b)
+        if gather_overlap and gathers_per_chunk > 0:
+            # the parameter all-gather runs bucket by bucket ahead of the forward that needs it: the
+            # first micro-batch of a chunk waits for the chunk's first bucket only (Megatron-Core
+            # overlap_param_gather)
+            for c in range(vpp):
+                nb = max(1, len(per_chunk[c]))
+                for i in range(nb):
+                    jobs.append(Job(f"gather{s}.{c}.{i}", comm, gathers_per_chunk / nb, links=dp_links,
+                                    category="dp", label=f"param all-gather chunk {c} bucket {i}"))
         tasks = sched(pp, vpp, m, s)
         reduce_keys: list[str] = []
         task_keys: list[str] = []
@@ -76,10 +82,14 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                 fsdp_after.append(gk)
             if t.kind == "F":
                 after = ([f"F{t.microbatch}.{v - 1}>"] if v > 0 else []) + fsdp_after
+                # FSDP: the next task's gather runs beside this one
+                slow = sm * min(st.fwd_s, gathers_per_chunk) if fsdp else 0.0
                 if gather_overlap and t.microbatch == 0 and gathers_per_chunk > 0:
-                    after.append(f"gather{s}.{t.chunk}")
+                    after.append(f"gather{s}.{t.chunk}.0")
+                    nb = max(1, len(per_chunk[t.chunk]))
+                    slow = sm * min(st.fwd_s, gathers_per_chunk * (nb - 1) / nb)
                 key = f"F{t.microbatch}.{v}"
-                jobs.append(Job(key, comp, st.fwd_s * jit, tuple(after), category="forward",
+                jobs.append(Job(key, comp, st.fwd_s * jit + slow, tuple(after), category="forward",
                                 label=f"F mb{t.microbatch} v{v}"))
                 task_keys.append(key)
                 if v < nv - 1:
@@ -97,7 +107,9 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     prev = tuple(after)
                     for j, b in enumerate(mine):
                         sub = f"{key}/{j}" if j < len(mine) - 1 else key
-                        jobs.append(Job(sub, comp, part, prev, category="backward",
+                        # the previous bucket's reduce runs beside this part, on SMs it takes
+                        slow = sm * min(part, mine[j - 1]) if j > 0 else 0.0
+                        jobs.append(Job(sub, comp, part + slow, prev, category="backward",
                                         label=f"B mb{t.microbatch} v{v}"))
                         rk = f"reduce{s}.{t.chunk}.{j}"
                         jobs.append(Job(rk, comm, b, (sub,), links=dp_links, category="dp",
@@ -105,7 +117,9 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                         reduce_keys.append(rk)
                         prev = (sub,)
                 else:
-                    jobs.append(Job(key, comp, st.bwd_s * jit, tuple(after), category="backward",
+                    # FSDP: the next gather and this micro-batch's reduce-scatter run beside it
+                    slow = sm * min(st.bwd_s, gathers_per_chunk + reduce_per_chunk) if fsdp else 0.0
+                    jobs.append(Job(key, comp, st.bwd_s * jit + slow, tuple(after), category="backward",
                                     label=f"B mb{t.microbatch} v{v}"))
                 task_keys.append(key)
                 if fsdp and reduce_per_chunk > 0:
