@@ -249,13 +249,22 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         rs = m * dp
         dp_exposed = max(0.0, max(ag, rs) - m * per_stage[crit]) + plan.dp_gather_s[crit] / vpp + dp / vpp
         gather = 0.0
-    elif plan.overlap_grad_reduce:
-        hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
-        dp_exposed = max(0.0, dp - hidden)
-        gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
     else:
-        dp_exposed = dp
-        gather = 0.0 if (plan.overlap_param_gather and plan.zero >= 1) else plan.dp_gather_s[crit]
+        sm = plan.comm_sm_share
+        nb = max(1, len(plan.dp_buckets[crit]))
+        if plan.overlap_grad_reduce:
+            # overlapped with the last backward, which runs slower beside it (as in the engine)
+            hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
+            dp_exposed = max(0.0, dp - hidden) + sm * min(dp, hidden)
+        else:
+            dp_exposed = dp
+        if plan.overlap_param_gather and plan.zero >= 1:
+            # bucket by bucket ahead of the first forward: only the first bucket waits in the open
+            g = plan.dp_gather_s[crit]
+            first_fwd = sum(plan.virtual_stage(crit, c).fwd_s for c in range(vpp))
+            gather = g / nb + sm * min(first_fwd, g * (nb - 1) / nb)
+        else:
+            gather = plan.dp_gather_s[crit]
     opt = plan.optimizer_s[crit]
     straggle = plan.straggler_step_wait_s([d for c in range(vpp) for d in (plan.virtual_stage(crit, c).fwd_s,
                                                                            plan.virtual_stage(crit, c).bwd_s)] * m)
