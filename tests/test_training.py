@@ -251,3 +251,19 @@ def test_a_plan_that_overflows_hbm_raises_a_typed_error_naming_the_largest_part(
     assert err.value.breakdown and max(err.value.breakdown.values()) > 0
     assert "largest part" in fmsim.estimate(sc).details["memory_error"]
     build_plan(scenario()).memory[0].require_fit(build_plan(scenario()).hbm_bytes)   # fits: no error
+
+
+def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
+    from fmsim.model.ops import Roofline, Shard, moe_mlp_forward
+
+    model = fmsim.load_catalog().model("deepseek-v3")
+    acc = fmsim.load_catalog().accelerator("h100-sxm")
+    rf = Roofline.of(acc, "bf16")
+
+    def a2a(nodes):
+        sh = Shard(micro_batch=1, seq_len=4096, tp=1, ep=64, expert_tp=1, ep_nodes=nodes)
+        return [r.size_bytes for r in moe_mlp_forward(model, sh, rf).comms if r.axis == "ep"][0]
+
+    flat = a2a(1)
+    assert flat == 4096 * 8 * model.hidden * 2           # one copy per routed expert
+    assert a2a(8) < flat and a2a(8) > flat / 8           # dedup per remote node, never below one copy

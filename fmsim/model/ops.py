@@ -49,6 +49,7 @@ class Shard:
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
     attention_kernel: str = "flash"  # flash | unfused (materialised scores, pre-2022 Megatron)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
+    ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
 
     @property
     def tokens(self) -> float:
@@ -281,6 +282,14 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
         a2a = rows * h * rf.act_bytes                            # bytes each rank sends (nccl-tests size)
+        if sh.ep_nodes > 1:
+            # hierarchical dispatch (DeepEP, Megatron-Core's flex dispatcher): a token crosses the
+            # scale-out network once per distinct remote node among its top-k experts, then fans
+            # out over NVLink. With balanced routing over N nodes it meets N(1-(1-1/N)^k) distinct
+            # nodes, (N-1)/N of them remote, against k(N-1)/N copies sent one per expert.
+            n, k = sh.ep_nodes, m.top_k
+            distinct_remote = n * (1.0 - (1.0 - 1.0 / n) ** k) * (n - 1) / n
+            a2a *= (distinct_remote + k / n) / k
         c.comms.append(CommRequest("ep", "all-to-all", a2a))   # dispatch
         c.comms.append(CommRequest("ep", "all-to-all", a2a))   # combine
     return c
