@@ -5,13 +5,30 @@ lazy so that ``import fmsim`` stays cheap for the CLI.
 """
 from __future__ import annotations
 
-from .errors import (ConfigError, FmsimError, InfeasibleError, NotBuiltError, OutOfMemoryError,
-                     ParallelismError)
+from .errors import (
+    ConfigError,
+    FmsimError,
+    InfeasibleError,
+    NotBuiltError,
+    OutOfMemoryError,
+    ParallelismError,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["load_scenario", "simulate", "estimate", "load_catalog", "FmsimError", "ConfigError",
-           "InfeasibleError", "OutOfMemoryError", "ParallelismError", "NotBuiltError", "__version__"]
+__all__ = [
+    "ConfigError",
+    "FmsimError",
+    "InfeasibleError",
+    "NotBuiltError",
+    "OutOfMemoryError",
+    "ParallelismError",
+    "__version__",
+    "estimate",
+    "load_catalog",
+    "load_scenario",
+    "simulate",
+]
 
 
 def __getattr__(name: str):

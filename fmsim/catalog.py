@@ -325,7 +325,7 @@ class _Entry:
         except (TypeError, ValueError) as exc:
             raise self.err(key, str(exc)) from None
 
-    def sub(self, key: str, default: Any = dataclasses.MISSING) -> "_Entry":
+    def sub(self, key: str, default: Any = dataclasses.MISSING) -> _Entry:
         value = self.get(key, default)
         return _Entry(value, self.file, f"{self.where}.{key}")
 

@@ -128,4 +128,4 @@ if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main())
 
 
-__all__ = ["add_parser", "run", "main", "SWEEP_SIZES"]
+__all__ = ["SWEEP_SIZES", "add_parser", "main", "run"]

@@ -33,7 +33,7 @@ class ConfigError(FmsimError):
         parts = [p for p in (self.file, self.field) if p]
         return ": ".join([*parts, self.message])
 
-    def located(self, *, file: str | None = None, prefix: str | None = None) -> "ConfigError":
+    def located(self, *, file: str | None = None, prefix: str | None = None) -> ConfigError:
         """Return a copy with a file name and/or a field-path prefix added."""
         field = self.field
         if prefix:

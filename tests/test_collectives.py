@@ -11,9 +11,20 @@ from hypothesis import strategies as st
 
 from fmsim.catalog import Accelerator, Fabric, Instance, ScaleUp, load_catalog
 from fmsim.errors import ConfigError
-from fmsim.hardware.collectives import (ALGORITHMS, OPS, Algorithm, GroupShape, algorithms_for,
-                                        all_to_all_time, collective_time, derive_per_domain,
-                                        double_binary_tree, group_view, pipelined_s, register)
+from fmsim.hardware.collectives import (
+    ALGORITHMS,
+    OPS,
+    Algorithm,
+    GroupShape,
+    algorithms_for,
+    all_to_all_time,
+    collective_time,
+    derive_per_domain,
+    double_binary_tree,
+    group_view,
+    pipelined_s,
+    register,
+)
 from fmsim.hardware.topology import place
 
 GiB, MiB = 2.0 ** 30, 2.0 ** 20

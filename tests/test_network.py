@@ -1,8 +1,8 @@
 """Flow-level network: max-min fair sharing, its invariants, and transfers in simpy."""
 from __future__ import annotations
 
-import simpy
 import pytest
+import simpy
 from hypothesis import given
 from hypothesis import strategies as st
 

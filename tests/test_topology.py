@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import pytest
+from test_collectives import make_instance
 
 from fmsim.catalog import load_catalog
 from fmsim.engine.network import FlowNetwork
 from fmsim.errors import ConfigError, ParallelismError
 from fmsim.hardware.collectives import GroupShape
 from fmsim.hardware.topology import Topology, place
-
-from test_collectives import make_instance
 
 
 @pytest.fixture(scope="module")

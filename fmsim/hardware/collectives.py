@@ -583,6 +583,22 @@ def all_to_all_time(size_bytes: float, instance: Instance, shape: GroupShape, *,
     return _collective("all-to-all", size_bytes, instance, shape, algo, nodes, float(skew))
 
 
-__all__ = ["OPS", "ALGORITHMS", "GroupShape", "CollectiveCost", "GroupView", "Tier", "Algorithm",
-           "collective_time", "all_to_all_time", "algorithms_for", "group_view", "register",
-           "derive_per_domain", "pipelined_s", "double_binary_tree", "NCCL_STEP_BYTES", "NCCL_CHANNELS"]
+__all__ = [
+    "ALGORITHMS",
+    "NCCL_CHANNELS",
+    "NCCL_STEP_BYTES",
+    "OPS",
+    "Algorithm",
+    "CollectiveCost",
+    "GroupShape",
+    "GroupView",
+    "Tier",
+    "algorithms_for",
+    "all_to_all_time",
+    "collective_time",
+    "derive_per_domain",
+    "double_binary_tree",
+    "group_view",
+    "pipelined_s",
+    "register",
+]

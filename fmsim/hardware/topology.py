@@ -41,7 +41,7 @@ Link = tuple[Hashable, Hashable]
 
 def _grid(n: int) -> tuple[int, int]:
     """Rows × columns of the most square 2D torus holding ``n`` chips (4×4 for 16)."""
-    rows = int(math.isqrt(n))
+    rows = math.isqrt(n)
     while n % rows:
         rows -= 1
     return rows, n // rows
@@ -98,7 +98,7 @@ class Topology:
 
     @classmethod
     def build(cls, instance: Instance, nodes: int, *, oversubscription: float = 1.0,
-              rail_optimized: bool = True, nodes_per_leaf: int = NODES_PER_LEAF) -> "Topology":
+              rail_optimized: bool = True, nodes_per_leaf: int = NODES_PER_LEAF) -> Topology:
         """The graph of ``nodes`` instances of ``instance``.
 
         Parameters
@@ -407,4 +407,4 @@ def place(instance: Instance, nodes: int, dims: Mapping[str, int],
     return {a: out[a] for a in order if a in out}
 
 
-__all__ = ["Topology", "place", "DEFAULT_ORDER", "used_domain", "NODES_PER_LEAF"]
+__all__ = ["DEFAULT_ORDER", "NODES_PER_LEAF", "Topology", "place", "used_domain"]

@@ -10,9 +10,9 @@ leave out. Pure data: imported by the data layer to validate scenarios.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ConfigError
 

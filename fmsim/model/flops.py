@@ -30,7 +30,7 @@ def matmul_params_per_token(model: ModelSpec) -> tuple[float, float]:
     """
     layers = 0.0
     for i in range(model.layers):
-        total, active = model.layer_params(i)
+        _, active = model.layer_params(i)
         layers += active - 2 * model.norm_params()
     return layers, float(model.vocab * model.hidden)
 

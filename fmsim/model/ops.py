@@ -24,7 +24,6 @@ from .architecture import ModelSpec
 from .flops import attention_dims
 from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, gemm_k0
 
-
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
 #: A GEMM's backward computes the data and the weight gradient: 2 × forward.
@@ -82,7 +81,7 @@ class PassCost:
     def compute_s(self) -> float:
         return self.gemm_s + self.attention_s + self.memory_s + self.kernels * KERNEL_FIXED_S
 
-    def add(self, other: "PassCost", times: float = 1.0) -> None:
+    def add(self, other: PassCost, times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
         self.attention_s += other.attention_s * times
         self.memory_s += other.memory_s * times
@@ -91,7 +90,7 @@ class PassCost:
         for _ in range(int(round(times))):
             self.comms.extend(other.comms)
 
-    def scaled(self, factor: float) -> "PassCost":
+    def scaled(self, factor: float) -> PassCost:
         return PassCost(self.gemm_s * factor, self.attention_s * factor, self.memory_s * factor,
                         self.flops * factor, list(self.comms), self.kernels * factor)
 
@@ -110,7 +109,7 @@ class Roofline:
     gemm_k0: float = 0.0             # reduction depth at which a GEMM reaches half its large-GEMM rate
 
     @classmethod
-    def of(cls, acc: Accelerator, precision: str) -> "Roofline":
+    def of(cls, acc: Accelerator, precision: str) -> Roofline:
         act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
         if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
             act_precision = "bf16"

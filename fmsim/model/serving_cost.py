@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
-from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency  # noqa: F401
+from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
 LOGIT_BYTES = 4.0        # fp32 logits in the sampler

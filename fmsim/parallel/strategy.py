@@ -8,10 +8,9 @@ consume the same Plan, so each checks the other.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import math
 
 from ..catalog import Instance
 from ..engine.order_stats import expected_max_normal
@@ -19,10 +18,25 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
-from ..model.memory import (GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES, MemoryBreakdown, stage_params,
-                            training_memory)
-from ..model.ops import (ATTENTION_BWD_FACTOR, CommRequest, PassCost, Roofline, Shard, backward_of,
-                         embedding_forward, layer_forward, logits_forward)
+from ..model.memory import (
+    GRAD_BYTES,
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    MemoryBreakdown,
+    stage_params,
+    training_memory,
+)
+from ..model.ops import (
+    ATTENTION_BWD_FACTOR,
+    CommRequest,
+    PassCost,
+    Roofline,
+    Shard,
+    backward_of,
+    embedding_forward,
+    layer_forward,
+    logits_forward,
+)
 
 #: Adam step traffic per locally-owned parameter: read fp32 grad, master, m, v (16 B), write
 #: master, m, v (12 B) and the bf16 weight (2 B) -- a memory-bound fused kernel (Megatron's
@@ -216,7 +230,7 @@ class _Piece:
     bwd_comm: Mapping[str, float]
 
     @classmethod
-    def of(cls, coster: "CommCoster", fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool) -> "_Piece":
+    def of(cls, coster: CommCoster, fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool) -> _Piece:
         bc = _exposed(coster, bwd, overlap_tp)
         for k, t in _exposed(coster, rec, overlap_tp).items():
             bc[k] = bc.get(k, 0.0) + t
@@ -396,4 +410,4 @@ def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
     return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
 
 
-__all__ = ["Plan", "StageCost", "build_plan", "split_layers", "ATTENTION_BWD_FACTOR"]
+__all__ = ["ATTENTION_BWD_FACTOR", "Plan", "StageCost", "build_plan", "split_layers"]

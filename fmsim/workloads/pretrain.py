@@ -393,5 +393,11 @@ def write_trace(run: RunResult, path: str, plan: Plan) -> None:
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
-__all__ = ["simulate_pretrain", "estimate_pretrain", "build_jobs", "estimate_step", "link_capacities",
-           "write_trace"]
+__all__ = [
+    "build_jobs",
+    "estimate_pretrain",
+    "estimate_step",
+    "link_capacities",
+    "simulate_pretrain",
+    "write_trace",
+]
