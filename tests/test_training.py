@@ -267,3 +267,12 @@ def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     flat = a2a(1)
     assert flat == 4096 * 8 * model.hidden * 2           # one copy per routed expert
     assert a2a(8) < flat and a2a(8) > flat / 8           # dedup per remote node, never below one copy
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_hfu_is_never_below_mfu_and_exceeds_it_exactly_when_something_is_recomputed(recompute):
+    m = fmsim.estimate(scenario(**{"parallelism.recompute": recompute})).metrics
+    if recompute == "none":
+        assert m["hfu"] == m["mfu"]
+    else:
+        assert m["hfu"] > m["mfu"]

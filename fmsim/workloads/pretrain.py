@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.des import Job, RunResult, run_jobs
 from ..errors import OutOfMemoryError
-from ..model.flops import model_flops_per_step
+from ..model.flops import attention_dims, model_flops_per_step
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
@@ -317,12 +317,19 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     worst = max(range(plan.pp), key=lambda s: mem[s].total)
     mem_total = mem[worst].total
     fits = mem_total <= plan.hbm_bytes
-    exact_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "exact")
+    # model FLOPs: every weight's matmuls and the full attention square (NeMo/Meta accounting);
+    # hardware FLOPs add what recompute runs again: the whole forward (full), or the attention
+    # score and value products (selective, Korthikanti et al. 2022 §5)
     model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
+    if plan.recompute == "full":
+        hw_flops = model_flops * 4.0 / 3.0
+    elif plan.recompute == "selective":
+        dqk, dv = attention_dims(plan.model)
+        hw_flops = model_flops + plan.tokens_per_step * 2.0 * plan.seq_len * (dqk + dv) * plan.model.layers
+    else:
+        hw_flops = model_flops
     # MFU/HFU against the dense peak of the precision the GEMMs run in (fp8 runs: the fp8 peak)
     peak = plan.instance.accelerator.peak(plan.precision)
-    rec_factor = {"none": 0.0, "selective": 0.0, "full": 1.0 / 3.0}[plan.recompute]
-    hw_flops = exact_flops * (1 + rec_factor)
     tflops = model_flops / step / plan.gpus / 1e12
     price = price_for(sc)
     nodes = plan.nodes
