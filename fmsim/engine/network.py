@@ -41,6 +41,12 @@ def max_min_rates(flows: Mapping[Hashable, Sequence[Hashable]],
     ConfigError
         If a flow names a link that ``capacities`` lacks.
     """
+    if len(flows) == 1:                                 # the common case: a flow alone gets its bottleneck
+        ((fid, links),) = flows.items()
+        for lk in links:
+            if lk not in capacities:
+                raise ConfigError(f"flow {fid!r} crosses unknown link {lk!r}")
+        return {fid: min((float(capacities[lk]) for lk in links), default=math.inf)}
     rates: dict[Hashable, float] = {}
     on_link: dict[Hashable, list[Hashable]] = {}
     paths: dict[Hashable, tuple[Hashable, ...]] = {}
