@@ -18,6 +18,7 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
+from ..model.kernels import BYTES_PER_ELEMENT
 from ..model.memory import (
     GRAD_BYTES,
     OPTIMIZER_BYTES,
@@ -377,8 +378,12 @@ def build_plan(sc) -> Plan:
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    expert_tp=etp)
         if w.lora_rank:
-            # frozen base weights: no gradients or optimizer state for them, only for the adapters
-            mem_s = MemoryBreakdown(weights=mem_s.weights, gradients=GRAD_BYTES * local_dense,
+            # frozen base weights: no gradients or optimizer state for them, only for the adapters;
+            # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
+            # weights in the MLPerf Llama 2 70B LoRA submissions)
+            frozen_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
+            mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / WEIGHT_BYTES,
+                                    gradients=GRAD_BYTES * local_dense,
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits)
         mem.append(mem_s)
