@@ -16,7 +16,7 @@ TRAINING_COLUMNS = (
     "model_tflops_per_gpu", "mfu", "hfu", "memory_per_gpu_bytes", "hbm_per_gpu_bytes", "fits",
     "usd_per_step", "time_to_train_s", "gpu_hours", "cost_usd",
     # added after v1's first list (appended, never renamed)
-    "bottleneck", "pricing_option",
+    "bottleneck", "pricing_option", "goodput", "checkpoint_write_s",
 )
 
 INFERENCE_COLUMNS = (

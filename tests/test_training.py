@@ -276,3 +276,27 @@ def test_hfu_is_never_below_mfu_and_exceeds_it_exactly_when_something_is_recompu
         assert m["hfu"] == m["mfu"]
     else:
         assert m["hfu"] > m["mfu"]
+
+
+def test_goodput_is_one_without_checkpoints_or_failures():
+    res = fmsim.estimate(scenario(**{"checkpoint": None, "reliability": None}))
+    assert res.metrics["goodput"] == 1.0
+
+
+def test_sync_checkpoints_and_failures_lengthen_time_to_train_and_async_helps():
+    storage = {"kind": "fsx-lustre", "tier": "fsx-lustre-persistent-2-250", "capacity": "100 TiB"}
+    base = fmsim.estimate(scenario(**{"checkpoint": None, "reliability": None}))
+    sync = fmsim.estimate(scenario(**{"cluster.storage": storage, "checkpoint": {"every": "30 min"},
+                                      "reliability": None}))
+    asyn = fmsim.estimate(scenario(**{"cluster.storage": storage,
+                                      "checkpoint": {"every": "30 min", "async": True}, "reliability": None}))
+    flaky = fmsim.estimate(scenario(**{"cluster.storage": storage, "checkpoint": {"every": "30 min"},
+                                       "reliability": {"node_mtbf": "200 h", "restart": "10 min"}}))
+    write = sync.metrics["checkpoint_write_s"]
+    # 70B params x 14 B over 100 TiB x 250 MB/s/TiB, capped by 8 clients x 1200 Gbps
+    expected = 70.55e9 * 14 / min(100 * 250e6, 8 * 150e9)
+    assert write == pytest.approx(expected, rel=0.01)
+    assert sync.metrics["goodput"] == pytest.approx(1 / (1 + write / 1800), rel=1e-9)
+    assert asyn.metrics["goodput"] == 1.0 > sync.metrics["goodput"] > flaky.metrics["goodput"] > 0
+    assert flaky.metrics["time_to_train_s"] > sync.metrics["time_to_train_s"] > base.metrics["time_to_train_s"]
+    assert flaky.details["checkpoint"]["young_interval_s"] > 0

@@ -20,6 +20,7 @@ from ..model.flops import attention_dims, model_flops_per_step
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
+from .reliability import goodput
 
 
 def link_capacities(plan: Plan) -> dict[tuple[str, int], float]:
@@ -335,7 +336,12 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     nodes = plan.nodes
     usd_per_step = price.usd_per_hour * nodes * step / 3600.0 if price.usd_per_hour else None
     train_tokens = getattr(sc.workload, "train_tokens", None)
-    time_to_train = train_tokens / tokens * step if train_tokens else None
+    w = sc.workload
+    trained = (sum(plan.model.lora_params(i, w.lora_rank, w.lora_modules) for i in range(plan.model.layers))
+               if w.lora_rank else plan.model.num_params)
+    good = goodput(sc, float(trained))
+    # wall-clock time to train: useful steps divided by the goodput (checkpoints, failures)
+    time_to_train = train_tokens / tokens * step / good.goodput if (train_tokens and good.goodput) else None
     gpu_hours = plan.gpus * time_to_train / 3600.0 if time_to_train else None
     cost = price.usd_per_hour * nodes * time_to_train / 3600.0 if (time_to_train and price.usd_per_hour) else None
     bname, sentence = bottleneck_sentence(breakdown, step, plan, fits, mem_total)
@@ -347,10 +353,14 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         "memory_per_gpu_bytes": mem_total, "hbm_per_gpu_bytes": plan.hbm_bytes, "fits": fits,
         "usd_per_step": usd_per_step, "time_to_train_s": time_to_train, "gpu_hours": gpu_hours,
         "cost_usd": cost, "bottleneck": bname, "pricing_option": price.option,
+        "goodput": good.goodput, "checkpoint_write_s": good.checkpoint_write_s,
         "num_microbatches": plan.num_microbatches, "vpp": plan.vpp,
     }
     det = dict(details)
     det["bottleneck"] = sentence
+    det["checkpoint"] = {"bytes": good.checkpoint_bytes, "write_s": good.checkpoint_write_s,
+                         "stall_s": good.checkpoint_stall_s, "failures_per_s": good.failures_per_s,
+                         "young_interval_s": good.young_interval_s, "notes": list(good.notes)}
     if not fits:
         # the typed error a strict caller would raise (plan.memory[s].require_fit); kept as text so
         # what-if faces can still show the step time of a plan that needs a bigger GPU
