@@ -152,8 +152,19 @@ def run_all(scenarios: Sequence[Scenario], run: Runner, jobs: int = 1) -> list[t
     import concurrent.futures
     import functools
 
+    # longest first, so the workers finish together; results come back in the given order
+    order = sorted(range(len(scenarios)), key=lambda i: -_work(scenarios[i]))
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(scenarios))) as pool:
-        return list(pool.map(functools.partial(_run_one, run), scenarios, chunksize=1))
+        futures = {i: pool.submit(functools.partial(_run_one, run), scenarios[i]) for i in order}
+        return [futures[i].result() for i in range(len(scenarios))]
+
+
+def _work(sc: Scenario) -> float:
+    """A rough size of a scenario's simulation (events), to schedule the big ones first."""
+    w, p = sc.workload, sc.parallelism
+    if w.global_batch and w.micro_batch and p.dp:
+        return w.global_batch / (p.dp * w.micro_batch) * p.pp * p.vpp
+    return 5_000.0
 
 
 def check_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1) -> list[CheckRow]:
