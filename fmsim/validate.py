@@ -131,10 +131,6 @@ def predicted_value(sc: Scenario, result: Result, key: str) -> float | None:
     return flop_per_s_per_gpu / peak
 
 
-class _Failed(Exception):
-    """A scenario whose run raised; carries its one-line error."""
-
-
 def _run_one(run: Runner, sc: Scenario) -> tuple[Result | None, str | None]:
     try:
         return run(sc), None
@@ -208,11 +204,13 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int 
     todo = [sc for sc in scenarios if sc.measured]
     for sc, (result, err) in zip(todo, run_all(todo, run, jobs)):
         formula = sc.flops_formula
-        try:
-            if err is not None:
-                raise _Failed(err)
-            predictions = {key: predicted_value(sc, result, key) for key in sc.measured}
-        except (FmsimError, _Failed) as exc:
+        predictions: dict[str, float | None] = {}
+        if err is None:
+            try:
+                predictions = {key: predicted_value(sc, result, key) for key in sc.measured}
+            except FmsimError as exc:
+                err = error_line(sc, exc)
+        if err is not None:
             rows.append(
                 ValidationRow(
                     scenario=sc.name,
@@ -223,13 +221,13 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int 
                     error_pct=None,
                     source=sc.measured_source,
                     formula=formula,
-                    error=str(exc) if isinstance(exc, _Failed) else error_line(sc, exc),
+                    error=err,
                 )
             )
             continue
         for key, measured in sc.measured.items():
             pred = predictions[key]
-            err = None if pred is None else 100.0 * (pred - measured) / measured
+            pct = None if pred is None else 100.0 * (pred - measured) / measured
             rows.append(
                 ValidationRow(
                     scenario=sc.name,
@@ -237,7 +235,7 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int 
                     key=key,
                     predicted=pred,
                     measured=measured,
-                    error_pct=err,
+                    error_pct=pct,
                     source=sc.measured_source,
                     formula=formula if key in FLOPS_METRICS else None,
                     error=None if pred is not None else f"the result has no {key}",

@@ -25,8 +25,7 @@ def scenario(**overrides):
 
 def uniform(plan, f: float = 1.0, b: float = 2.0, send: float = 0.0):
     """The plan with identical stages, no data-parallel work: a pure pipeline."""
-    st_ = StageCost(fwd_compute_s=f, bwd_compute_s=b, fwd_comm={}, bwd_comm={}, recompute_s=0.0,
-                    flops_fwd=0.0, layers=())
+    st_ = StageCost(fwd_compute_s=f, bwd_compute_s=b, fwd_comm={}, bwd_comm={}, recompute_s=0.0, layers=())
     return dataclasses.replace(plan, stages=tuple(st_ for _ in plan.stages), pp_send_s=send,
                                dp_buckets=tuple(() for _ in range(plan.pp)),
                                dp_gather_s=tuple(0.0 for _ in range(plan.pp)),

@@ -85,6 +85,19 @@ def show_error(error: str, hint: str, kind: str = "") -> None:
         st.info(f"**What to change:** {hint}", icon=":material/lightbulb:")
 
 
+def base_scenario(source: Source, kinds: tuple[str, ...], other_page: str) -> Any | None:
+    """The picked scenario, loaded through the cache, or None after saying in the page why not
+    (a load error with its hint, or a scenario of a kind another page handles)."""
+    sc, err, hint = cache.base(source.text, source.label)
+    if sc is None:
+        show_error(err, hint)
+        return None
+    if sc.workload.kind not in kinds:
+        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the {other_page} page.")
+        return None
+    return sc
+
+
 def seed_knobs(prefix: str, source: Source, defaults: Mapping[str, Any]) -> None:
     """Put the base scenario's values into the knobs' session state (see module docstring)."""
     ss = st.session_state

@@ -173,12 +173,8 @@ def main() -> None:
     if source is None:
         st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
         return
-    sc, err, hint = cache.base(source.text, source.label)
+    sc = widgets.base_scenario(source, logic.TRAINING_KINDS, "Serving")
     if sc is None:
-        widgets.show_error(err, hint)
-        return
-    if sc.workload.kind not in logic.TRAINING_KINDS:
-        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the Serving page.")
         return
     cat = cache.catalog()
     defaults = knob_defaults(sc, cat)

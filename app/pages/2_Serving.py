@@ -240,12 +240,8 @@ def main() -> None:
             "Pick a bundled serving scenario or load a YAML file (`workload.kind: inference`) in the sidebar."
         )
         return
-    sc, err, hint = cache.base(source.text, source.label)
+    sc = widgets.base_scenario(source, logic.SERVING_KINDS, "Training")
     if sc is None:
-        widgets.show_error(err, hint)
-        return
-    if sc.workload.kind not in logic.SERVING_KINDS:
-        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the Training page.")
         return
     cat = cache.catalog()
     defaults = knob_defaults(sc, cat)

@@ -87,12 +87,8 @@ class PassCost:
         self.memory_s += other.memory_s * times
         self.flops += other.flops * times
         self.kernels += other.kernels * times
-        for _ in range(int(round(times))):
+        for _ in range(round(times)):
             self.comms.extend(other.comms)
-
-    def scaled(self, factor: float) -> PassCost:
-        return PassCost(self.gemm_s * factor, self.attention_s * factor, self.memory_s * factor,
-                        self.flops * factor, list(self.comms), self.kernels * factor)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..catalog import Instance
 from ..engine.order_stats import expected_max_normal
@@ -28,7 +28,6 @@ from ..model.memory import (
     training_memory,
 )
 from ..model.ops import (
-    ATTENTION_BWD_FACTOR,
     CommRequest,
     PassCost,
     Roofline,
@@ -60,7 +59,6 @@ class StageCost:
     fwd_comm: Mapping[str, float]        # exposed inline communication by axis (tp, cp, ep)
     bwd_comm: Mapping[str, float]
     recompute_s: float                   # extra forward work done in backward
-    flops_fwd: float
     layers: tuple[int, ...]
 
     @property
@@ -108,9 +106,7 @@ class Plan:
     optimizer_s: tuple[float, ...]                # per physical stage
     memory: tuple[MemoryBreakdown, ...]           # per physical stage
     hbm_bytes: float
-    seed: int = 0
     straggler_cv: float = 0.0
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def tokens_per_step(self) -> float:
@@ -227,7 +223,6 @@ class _Piece:
     fwd_s: float
     bwd_s: float
     rec_s: float
-    flops_fwd: float
     fwd_comm: Mapping[str, float]
     bwd_comm: Mapping[str, float]
 
@@ -236,7 +231,7 @@ class _Piece:
         bc = _exposed(coster, bwd, overlap_tp)
         for k, t in _exposed(coster, rec, overlap_tp).items():
             bc[k] = bc.get(k, 0.0) + t
-        return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, fwd.flops, _exposed(coster, fwd, overlap_tp), bc)
+        return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, _exposed(coster, fwd, overlap_tp), bc)
 
 
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
@@ -295,8 +290,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                 bc[k] = bc.get(k, 0.0) + t
         out.append(StageCost(fwd_compute_s=sum(pc.fwd_s for pc in pieces),
                              bwd_compute_s=sum(pc.bwd_s for pc in pieces), fwd_comm=fc, bwd_comm=bc,
-                             recompute_s=sum(pc.rec_s for pc in pieces),
-                             flops_fwd=sum(pc.flops_fwd for pc in pieces), layers=tuple(lay)))
+                             recompute_s=sum(pc.rec_s for pc in pieces), layers=tuple(lay)))
     return tuple(out)
 
 
@@ -396,7 +390,7 @@ def build_plan(sc) -> Plan:
         overlap_grad_reduce=par.overlap.grad_reduce, overlap_param_gather=par.overlap.param_gather,
         overlap_tp_comm=par.overlap.tp_comm, shapes=shapes, stages=stages, pp_send_s=pp_send,
         pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
-        memory=tuple(mem), hbm_bytes=acc.hbm_bytes, seed=getattr(sc, "seed", 0),
+        memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv,
     )
 
@@ -416,4 +410,4 @@ def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
     return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
 
 
-__all__ = ["ATTENTION_BWD_FACTOR", "Plan", "StageCost", "build_plan", "split_layers"]
+__all__ = ["Plan", "StageCost", "build_plan", "split_layers"]
