@@ -81,6 +81,7 @@ class Accelerator:
     gemm_efficiency: Mapping[str, float]          # achievable fraction of peak for large GEMMs, per precision
     hbm_efficiency: float                         # achievable fraction of HBM bandwidth (streaming)
     attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
+    attention_flash2_efficiency: float = 0.0      # FlashAttention-2-class kernels (FA2, Triton ports); 0 = attention's
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
     source: str
     calibration: str = ""                         # where the efficiency figures come from
@@ -418,6 +419,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         gemm = {"bf16": eff_e.get("gemm", parse=_fraction)}
     hbm_eff = eff_e.get("hbm", parse=_fraction)
     attn_eff = eff_e.get("attention", 0.0, _fraction)
+    attn_fa2_eff = eff_e.get("attention_flash2", 0.0, _fraction)
     calibration = str(eff_e.get("source", ""))
     eff_e.check_unknown()
     acc = Accelerator(
@@ -430,6 +432,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         gemm_efficiency=gemm,
         hbm_efficiency=hbm_eff,
         attention_efficiency=attn_eff,
+        attention_flash2_efficiency=attn_fa2_eff,
         compute_units=int(e.get("compute_units", 0)),
         source=e.source(),
         calibration=calibration,

@@ -109,7 +109,7 @@ WORKLOAD_KEYS = (
 )
 LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -196,7 +196,7 @@ class Workload:
     global_batch: int = 0  # sequences per optimizer step
     micro_batch: int = 1
     train_tokens: float | None = None
-    attention_kernel: str = "flash"  # flash | unfused (scores materialised, as before flash attention)
+    attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
 

@@ -299,3 +299,23 @@ def test_sync_checkpoints_and_failures_lengthen_time_to_train_and_async_helps():
     assert asyn.metrics["goodput"] == 1.0 > sync.metrics["goodput"] > flaky.metrics["goodput"] > 0
     assert flaky.metrics["time_to_train_s"] > sync.metrics["time_to_train_s"] > base.metrics["time_to_train_s"]
     assert flaky.details["checkpoint"]["young_interval_s"] > 0
+
+
+def test_flash2_attention_is_slower_on_hopper_and_the_same_where_fa2_is_the_best_kernel():
+    from fmsim.model.ops import Roofline
+
+    cat = fmsim.load_catalog()
+    h100, a100 = cat.accelerator("h100-sxm"), cat.accelerator("a100-80gb")
+    assert Roofline.of(h100, "bf16", "flash2").attn_flop_per_s < Roofline.of(h100, "bf16").attn_flop_per_s
+    assert Roofline.of(a100, "bf16", "flash2").attn_flop_per_s == Roofline.of(a100, "bf16").attn_flop_per_s
+    fast = fmsim.estimate(scenario()).metrics["step_time_s"]
+    slow = fmsim.estimate(scenario(**{"workload.attention_kernel": "flash2"})).metrics["step_time_s"]
+    assert slow > fast
+
+
+def test_overlapped_tp_comm_costs_its_sms_but_never_more_than_exposing_it():
+    on = build_plan(scenario(**{"parallelism.overlap.tp_comm": True}))
+    off = build_plan(scenario(**{"parallelism.overlap.tp_comm": False}))
+    hidden_cost = sum(s.fwd_comm.get("tp", 0.0) + s.bwd_comm.get("tp", 0.0) for s in on.stages)
+    exposed = sum(s.fwd_comm.get("tp", 0.0) + s.bwd_comm.get("tp", 0.0) for s in off.stages)
+    assert 0.0 < hidden_cost < exposed

@@ -46,7 +46,7 @@ class Shard:
     ep: int = 1
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
-    attention_kernel: str = "flash"  # flash | unfused (materialised scores, pre-2022 Megatron)
+    attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2 class) | unfused (materialised scores)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
 
@@ -105,11 +105,15 @@ class Roofline:
     gemm_k0: float = 0.0             # reduction depth at which a GEMM reaches half its large-GEMM rate
 
     @classmethod
-    def of(cls, acc: Accelerator, precision: str) -> Roofline:
+    def of(cls, acc: Accelerator, precision: str, attention_kernel: str = "flash") -> Roofline:
         act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
         if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
             act_precision = "bf16"
         attn_eff = getattr(acc, "attention_efficiency", 0.0) or acc.gemm_efficiency.get(act_precision, 0.7)
+        if attention_kernel == "flash2":
+            # a FlashAttention-2-class kernel (FA2, its Triton ports): the chip's best fused attention
+            # where that is what FA2 is (Ampere), a separate figure where newer kernels pulled ahead
+            attn_eff = getattr(acc, "attention_flash2_efficiency", 0.0) or attn_eff
         return cls(
             gemm_flop_per_s=acc.gemm_flop_per_s(precision),
             gemm_flop_per_s_bf16=acc.gemm_flop_per_s(act_precision),
@@ -218,7 +222,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
-    c.kernels += 4 if sh.attention_kernel == "flash" else 6      # norm, rope, attention (or QK, softmax, AV), residual
+    c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.cp > 1:

@@ -114,12 +114,8 @@ class Plan:
 
     @property
     def comm_sm_share(self) -> float:
-        """Share of the SMs a collective occupies while it overlaps compute: about 20 SMs drive
-        NVLink and InfiniBand at full bandwidth (DeepSeek-V3 technical report, arXiv 2412.19437,
-        §3.2.2, on H800), so compute beside a collective runs on the others. Chips whose
-        collectives run on dedicated engines (no SM count in the catalog: Trainium) lose nothing."""
-        units = self.instance.accelerator.compute_units
-        return COMM_SMS / units if units else 0.0
+        """Share of the SMs a collective occupies while it overlaps compute (:func:`comm_sm_share`)."""
+        return comm_sm_share(self.instance)
 
     @property
     def straggler_task_factor(self) -> float:
@@ -137,6 +133,17 @@ class Plan:
 
     def virtual_stage(self, stage: int, chunk: int) -> StageCost:
         return self.stages[chunk * self.pp + stage]
+
+
+def comm_sm_share(instance: Instance) -> float:
+    """Share of the SMs a collective occupies while it overlaps compute: about 20 SMs drive
+    NVLink and InfiniBand at full bandwidth (DeepSeek-V3 technical report, arXiv 2412.19437,
+    §3.2.2, on H800; Transformer Engine's userbuffers configs give the pipelined TP reduce-scatter
+    16-24 SMs and shrink the GEMM by as many), so compute beside a collective runs on the others.
+    Chips whose collectives run on dedicated engines (no SM count in the catalog: Trainium) lose
+    nothing."""
+    units = instance.accelerator.compute_units
+    return COMM_SMS / units if units else 0.0
 
 
 def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
@@ -211,7 +218,13 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
             t = max(0.0, t - req.overlappable_s)
         out[req.axis] = out.get(req.axis, 0.0) + t
     if tp_total:
-        out["tp"] = max(0.0, tp_total - cost.gemm_s) if overlap_tp else tp_total
+        if overlap_tp:
+            # the hidden part still takes its SMs from the GEMMs it overlaps (userbuffers kernels and
+            # the GEMM's SM margin), as a DP collective does beside the backward (Plan.comm_sm_share)
+            hidden = min(tp_total, cost.gemm_s)
+            out["tp"] = tp_total - hidden + comm_sm_share(coster.instance) * hidden
+        else:
+            out["tp"] = tp_total
     return out
 
 
@@ -241,7 +254,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
     costed once -- collectives included, TP overlap applied layer by layer -- and counted."""
-    rf = Roofline.of(instance.accelerator, shard.precision)
+    rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel)
     per_layer: dict[tuple[bool, bool], _Piece] = {}
 
     def layer_piece(i: int) -> _Piece:
