@@ -319,3 +319,15 @@ def test_overlapped_tp_comm_costs_its_sms_but_never_more_than_exposing_it():
     hidden_cost = sum(s.fwd_comm.get("tp", 0.0) + s.bwd_comm.get("tp", 0.0) for s in on.stages)
     exposed = sum(s.fwd_comm.get("tp", 0.0) + s.bwd_comm.get("tp", 0.0) for s in off.stages)
     assert 0.0 < hidden_cost < exposed
+
+
+def test_the_output_layer_runs_in_16_bit_under_an_fp8_recipe():
+    from fmsim.model.ops import Roofline, Shard, dense_mlp_forward, logits_forward
+
+    cat = fmsim.load_catalog()
+    model, acc = cat.model("llama3-8b"), cat.accelerator("h100-sxm")
+    sh = Shard(micro_batch=1, seq_len=8192, precision="fp8")
+    fp8, bf16 = Roofline.of(acc, "fp8"), Roofline.of(acc, "bf16")
+    assert logits_forward(model, sh, fp8).gemm_s == logits_forward(model, sh, bf16).gemm_s
+    assert dense_mlp_forward(model, model.ffn_hidden, sh, fp8).gemm_s < \
+        dense_mlp_forward(model, model.ffn_hidden, sh, bf16).gemm_s

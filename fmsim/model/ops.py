@@ -16,6 +16,7 @@ flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -103,6 +104,7 @@ class Roofline:
     gemm_in_bytes: float             # bytes per GEMM input element
     compute_units: int = 0           # SMs the output tiles are spread over (0: no wave model)
     gemm_k0: float = 0.0             # reduction depth at which a GEMM reaches half its large-GEMM rate
+    gemm_k0_bf16: float = 0.0        # the same at the 16-bit math rate
 
     @classmethod
     def of(cls, acc: Accelerator, precision: str, attention_kernel: str = "flash") -> Roofline:
@@ -126,7 +128,16 @@ class Roofline:
             # systolic array's fill and drain is the same kind of cost); K0 from DeepGEMM's FP8
             # table, scaled by the math rate (kernels.gemm_k0)
             gemm_k0=gemm_k0(acc.peak(precision)),
+            gemm_k0_bf16=gemm_k0(acc.peak(act_precision)),
         )
+
+    def at_16bit(self) -> Roofline:
+        """The same chip with its GEMMs in 16-bit (what an fp8/fp4 run keeps outside the low-precision
+        recipe, e.g. the output layer)."""
+        if self.gemm_in_bytes >= self.act_bytes:
+            return self
+        return dataclasses.replace(self, gemm_flop_per_s=self.gemm_flop_per_s_bf16, gemm_in_bytes=self.act_bytes,
+                                   gemm_k0=self.gemm_k0_bf16)
 
     def wave_efficiency(self, m: float, n: float) -> float:
         """Fraction of the SMs busy over a GEMM's waves of output tiles (wave quantization).
@@ -308,7 +319,9 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Final norm, output projection (vocab-parallel over TP) and cross-entropy loss."""
     c = PassCost()
     T, h, t = sh.tokens, model.hidden, sh.tp
-    _gemm(c, rf, T, model.vocab / t, h)
+    # the output layer stays in 16-bit under fp8/fp4 recipes: Megatron-Core builds it as a plain
+    # tensor_parallel.ColumnParallelLinear, outside Transformer Engine's fp8 autocast
+    _gemm(c, rf.at_16bit(), T, model.vocab / t, h)
     # softmax cross-entropy in fp32 over the local vocab shard: read logits, write probabilities
     c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1)) \
         + T * model.vocab / t * 4 * 3 / rf.hbm_bytes_per_s
