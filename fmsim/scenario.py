@@ -110,6 +110,7 @@ WORKLOAD_KEYS = (
 LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+GRAD_REDUCE_PRECISIONS = ("fp32", "bf16")
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -121,6 +122,7 @@ PARALLELISM_KEYS = (
     "sequence_parallel",
     "recompute",
     "zero",
+    "grad_reduce_precision",
     "overlap",
     "order",
 )
@@ -169,6 +171,10 @@ class Parallelism:
     sequence_parallel: bool = False
     recompute: str = "none"
     zero: int = 0
+    # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
+    # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
+    # Megatron-Bridge's performance recipes set it)
+    grad_reduce_precision: str = "fp32"
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
 
@@ -1115,6 +1121,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         sequence_parallel=ps.boolean("sequence_parallel", False),
         recompute=ps.choice("recompute", RECOMPUTE, "none"),
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
+        grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS, "fp32"),
         overlap=overlap,
         order=order,
     )
@@ -1403,6 +1410,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "sequence_parallel": par.sequence_parallel,
         "recompute": par.recompute,
         "zero": par.zero,
+        "grad_reduce_precision": par.grad_reduce_precision,
         "overlap": {
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,

@@ -331,3 +331,13 @@ def test_the_output_layer_runs_in_16_bit_under_an_fp8_recipe():
     assert logits_forward(model, sh, fp8).gemm_s == logits_forward(model, sh, bf16).gemm_s
     assert dense_mlp_forward(model, model.ffn_hidden, sh, fp8).gemm_s < \
         dense_mlp_forward(model, model.ffn_hidden, sh, bf16).gemm_s
+
+
+def test_bf16_gradient_reduction_halves_the_bucket_bytes_and_the_gradient_buffer():
+    base = {"parallelism.zero": 1}
+    fp32 = build_plan(scenario(**base))
+    bf16 = build_plan(scenario(**base, **{"parallelism.grad_reduce_precision": "bf16"}))
+    assert bf16.memory[0].gradients == pytest.approx(fp32.memory[0].gradients / 2)
+    assert sum(bf16.dp_buckets[0]) < sum(fp32.dp_buckets[0])
+    with pytest.raises(fmsim.errors.ConfigError, match="grad_reduce_precision"):
+        scenario(**{"parallelism.grad_reduce_precision": "fp16"})

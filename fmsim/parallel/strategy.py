@@ -20,7 +20,6 @@ from ..hardware.topology import place
 from ..model.architecture import ModelSpec
 from ..model.kernels import BYTES_PER_ELEMENT
 from ..model.memory import (
-    GRAD_BYTES,
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
     MemoryBreakdown,
@@ -347,9 +346,10 @@ def build_plan(sc) -> Plan:
     if pp > 1 and pp_shape is not None:
         pp_send = coster.cost("send-recv", act_bytes, pp_shape)
         pp_cross = pp_shape.per_node < pp_shape.size
-    # data parallel: gradient reduce-scatter (fp32 main grads) in buckets, param all-gather (bf16)
+    # data parallel: gradient reduce-scatter (fp32 or bf16 main grads) in buckets, param all-gather (bf16)
     dp_shape = shapes["dp"]
     edp = max(1, tp * dp * cp // (ep * etp))
+    grad_bytes = BYTES_PER_ELEMENT[par.grad_reduce_precision]
     buckets, gathers, opt, mem = [], [], [], []
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
@@ -368,7 +368,7 @@ def build_plan(sc) -> Plan:
             if params <= 0 or shape.size <= 1:
                 continue
             nb = max(1, round(params / BUCKET_PARAMS))
-            t = coster.cost(reduce_op, params / nb * GRAD_BYTES, shape)
+            t = coster.cost(reduce_op, params / nb * grad_bytes, shape)
             times += [t] * nb
         buckets.append(tuple(times))
         g = 0.0
@@ -384,14 +384,14 @@ def build_plan(sc) -> Plan:
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
-                                   expert_tp=etp)
+                                   expert_tp=etp, grad_bytes=grad_bytes)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
             # weights in the MLPerf Llama 2 70B LoRA submissions)
             frozen_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
             mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / WEIGHT_BYTES,
-                                    gradients=GRAD_BYTES * local_dense,
+                                    gradients=grad_bytes * local_dense,
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits)
         mem.append(mem_s)
