@@ -214,7 +214,9 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
             tp_total += t
             continue
         if req.overlappable_s:
-            t = max(0.0, t - req.overlappable_s)
+            # hidden behind the compute it overlaps, which runs on the SMs the exchange leaves it
+            hidden = min(t, req.overlappable_s)
+            t = t - hidden + comm_sm_share(coster.instance) * hidden
         out[req.axis] = out.get(req.axis, 0.0) + t
     if tp_total:
         if overlap_tp:
