@@ -1055,12 +1055,14 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         raise ps.err(
             "vpp", f"{vpp} virtual stages need pipeline parallelism (expected pp > 1, or vpp: 1)", PE
         )
-    if pp * vpp > model.layers:
+    if pp * vpp > model.layers and pp * vpp != model.layers + 2:
+        # (layers + 2 stages: the embedding and the loss take one virtual stage each, as in Llama 3)
         field_name = "vpp" if vpp > 1 else "pp"
         raise ps.err(
             field_name,
             f"pp*vpp = {pp}*{vpp} = {pp * vpp} stages exceed the {model.layers} layers "
-            f"of {model.name} (expected at most {model.layers} stages)",
+            f"of {model.name} (expected at most {model.layers} stages, or {model.layers + 2} with the "
+            "embedding and the loss on stages of their own)",
             PE,
         )
     schedule = ps.choice("schedule", SCHEDULES, "interleaved" if vpp > 1 else "1f1b")

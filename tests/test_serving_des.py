@@ -145,6 +145,21 @@ def test_optimistic_admission_preempts_and_recomputes_when_kv_runs_out():
     assert recomputed > 64 * 256                # preempted sequences re-ran their prefill
 
 
+def test_a_request_admitted_into_the_last_free_blocks_can_take_its_first_step():
+    # block size 1 (SGLang), separate prefill iterations, a KV cache that fills: before admission kept
+    # room for the job's own next token, the newest request was evicted at its first decode step,
+    # re-admitted and evicted again without end (found on the ShareGPT offline validation case)
+    from pathlib import Path
+
+    import fmsim
+
+    sc = fmsim.load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "validation" / "inference"
+                             / "inf-106.yaml")
+    m = fmsim.simulate(sc).metrics
+    assert m["preemptions"] > 0
+    assert m["unfinished_requests"] == 0 and m["rejected_requests"] == 0
+
+
 def test_reserve_admission_never_preempts():
     plan = make_plan({"traffic": {"arrival": "offline", "requests": 64, "prompt_len": 256, "output_len": 1500},
                       "serving": {"engine": "trtllm", "replicas": 1, "memory_fraction": 0.23,

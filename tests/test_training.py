@@ -51,6 +51,16 @@ def test_126_layers_plus_embedding_and_loss_over_64_virtual_stages():
     assert sum(parts, []) == list(range(126))
 
 
+def test_126_layers_over_128_virtual_stages_give_the_embedding_and_the_loss_a_chunk_each():
+    # Llama 3 405B (Dubey et al. 2024 §3.3.2): the first chunk holds only the embedding, the last only
+    # the output layer and loss, every other chunk one layer
+    parts = split_layers(126, 16, 8)
+    assert [len(p) for p in parts] == [0] + [1] * 126 + [0]
+    sc = fmsim.load_scenario(ROOT / "scenarios" / "validation" / "training" / "llama3-01.yaml")
+    plan = build_plan(sc)
+    assert plan.stages[0].fwd_compute_s > 0 and plan.stages[-1].fwd_compute_s > plan.stages[0].fwd_compute_s
+
+
 def test_uneven_split_keeps_every_layer_once_and_ends_lighter():
     parts = split_layers(30, 4, 1)
     assert sum(parts, []) == list(range(30))
@@ -60,7 +70,7 @@ def test_uneven_split_keeps_every_layer_once_and_ends_lighter():
 
 def test_too_few_layers_for_the_stages_is_a_parallelism_error():
     with pytest.raises(ParallelismError, match="virtual stages"):
-        split_layers(6, 4, 2)
+        split_layers(6, 4, 3)
 
 
 # -- schedules --------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ from ..model.serving_cost import IterationWork, causal_pairs, kv_stream_tokens
 _NAN = float("nan")
 
 
+#: A request evicted this often means the engine cycles without progress (a bug, not a workload).
+MAX_PREEMPTIONS_PER_JOB = 10_000
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:
     """Scheduler limits and KV pool of one engine."""
@@ -221,7 +224,10 @@ class ReplicaEngine:
             return False
         need = self._job_block_total(job)
         if self.cfg.admission == "optimistic":
-            need += self._new_blocks(1)       # keep room for the running batch's next step
+            # keep room for the next decode step of the running batch and of this job's own live
+            # samples (one block each at most): without the latter a job admitted into the last
+            # free blocks is preempted again at its first step, re-admitted, and so on forever
+            need += self._new_blocks(1) + live
         return need <= self.free_blocks
 
     def _prefilling_seqs(self) -> int:
@@ -551,6 +557,9 @@ class ReplicaEngine:
         job = victims[-1]
         self.stats.preemptions += 1
         job.preemptions += 1
+        if job.preemptions > MAX_PREEMPTIONS_PER_JOB:
+            raise RuntimeError(f"{self.name}: request {job.jid} preempted {job.preemptions} times -- the engine "
+                               "makes no progress (an admission rule lets a request in that cannot take a step)")
         if job in self.prefilling:
             self.prefilling.remove(job)
         mask = np.fromiter((j is job for j in self.seq_job), dtype=bool, count=len(self.seq_job))

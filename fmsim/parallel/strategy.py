@@ -150,12 +150,14 @@ def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
 
     Megatron-style: an even split when ``pp·vpp`` divides ``layers``; when ``layers + 2`` divides,
     the embedding and the loss count as one layer each on the first and last virtual stage
-    (``--account-for-embedding/loss-in-pipeline-split``: 126 layers + 2 over 64 virtual stages);
+    (``--account-for-embedding/loss-in-pipeline-split``: 126 layers + 2 over 64 virtual stages; over
+    128, the first chunk holds only the embedding and the last only the output layer and loss, as Llama 3
+    405B ran: Dubey et al. 2024 §3.3.2);
     otherwise the remainder goes to the middle stages, keeping the ends (which carry the
     embedding and logits) lighter.
     """
     n = pp * vpp
-    if layers < n:
+    if layers < n and layers + 2 != n:
         raise ParallelismError(f"{layers} layers cannot fill pp·vpp = {n} virtual stages",
                                field="parallelism.pp")
     if layers % n == 0:
