@@ -351,3 +351,18 @@ def test_bf16_gradient_reduction_halves_the_bucket_bytes_and_the_gradient_buffer
     assert sum(bf16.dp_buckets[0]) < sum(fp32.dp_buckets[0])
     with pytest.raises(fmsim.errors.ConfigError, match="grad_reduce_precision"):
         scenario(**{"parallelism.grad_reduce_precision": "fp16"})
+
+
+def test_an_overlapped_tp_collective_hides_only_behind_its_own_gemm():
+    from types import SimpleNamespace
+
+    from fmsim.model.ops import CommRequest, PassCost
+    from fmsim.parallel.strategy import _exposed, comm_sm_share
+
+    inst = fmsim.load_catalog().instance("p5.48xlarge")
+    coster = SimpleNamespace(instance=inst, request=lambda req: 3e-3)
+    # 3 ms all-gather paired with a 1 ms GEMM, 10 ms of other GEMMs in the pass: 2 ms still show
+    cost = PassCost(gemm_s=11e-3, comms=[CommRequest("tp", "all-gather", 1.0, overlappable_s=1e-3)])
+    share = comm_sm_share(inst)
+    assert _exposed(coster, cost, True)["tp"] == pytest.approx(2e-3 + share * 1e-3)
+    assert _exposed(coster, cost, False)["tp"] == pytest.approx(3e-3)

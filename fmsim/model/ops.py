@@ -185,14 +185,20 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
         cost.kernels += 1
 
 
-def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float) -> None:
+def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float = 0.0,
+                     gemm_out_s: float = 0.0) -> None:
     """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
-    sequence parallelism, one all-reduce without (Korthikanti et al. 2022 §4.2.2, Fig. 5)."""
+    sequence parallelism, one all-reduce without (Korthikanti et al. 2022 §4.2.2, Fig. 5).
+
+    Each may hide behind the one GEMM it feeds or follows (``gemm_in_s``: the column-parallel GEMM
+    after the all-gather, ``gemm_out_s``: the row-parallel GEMM before the reduce-scatter) and no
+    other: Transformer Engine's userbuffers overlap wraps one GEMM per collective (qkv_fprop and
+    fc1_fprop ring-exchange all-gathers, proj_fprop and fc2_fprop pipelined reduce-scatters)."""
     if sh.sequence_parallel:
-        c.comms.append(CommRequest("tp", "all-gather", size_bytes))
-        c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes))
+        c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s))
+        c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes, overlappable_s=gemm_out_s))
     else:
-        c.comms.append(CommRequest("tp", "all-reduce", size_bytes))
+        c.comms.append(CommRequest("tp", "all-reduce", size_bytes, overlappable_s=gemm_out_s))
 
 
 def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
@@ -213,6 +219,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     else:
         kv_width = 2 * model.kv_heads * model.head_dim
         _gemm(c, rf, T, (dqk + kv_width) / t, h)
+    qkv_s = c.gemm_s
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
     # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
     s_keys = sh.seq_len
@@ -229,13 +236,15 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
         c.attention_s += attn_flops / rf.attn_flop_per_s
     c.flops += attn_flops
+    before = c.gemm_s
     _gemm(c, rf, T, h, dv / t)
+    proj_s = c.gemm_s - before
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
     c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
     if t > 1:
-        _tp_region_comms(c, sh, T * h * rf.act_bytes)
+        _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
     if sh.cp > 1:
         # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
         kv_bytes = T * 2 * (model.kv_heads * model.head_dim if model.attention != "mla"
@@ -251,12 +260,14 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     h, t, T = model.hidden, sh.tp, sh.tokens
     up = ffn * (2 if model.gated else 1)
     _gemm(c, rf, T, up / t, h)
+    fc1_s = c.gemm_s
     _gemm(c, rf, T, h, ffn / t)
+    fc2_s = c.gemm_s - fc1_s
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
     c.kernels += 3                                              # norm, activation, residual
     if t > 1:
-        _tp_region_comms(c, sh, T * h * rf.act_bytes)
+        _tp_region_comms(c, sh, T * h * rf.act_bytes, fc1_s, fc2_s)
     return c
 
 
@@ -339,7 +350,8 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     gemm_factor = 1.0 if frozen_weights else GEMM_BWD_FACTOR
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
     comms = [CommRequest(r.axis, conj.get(r.op, r.op), r.size_bytes,
-                         overlappable_s=r.overlappable_s * ATTENTION_BWD_FACTOR) for r in fwd.comms]
+                         overlappable_s=r.overlappable_s * (gemm_factor if r.axis == "tp" else ATTENTION_BWD_FACTOR))
+             for r in fwd.comms]
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,

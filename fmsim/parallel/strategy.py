@@ -205,29 +205,19 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
 
     TP/EP collectives sit on the critical path between the GEMMs that produce and consume them
     (Megatron without ``--tp-comm-overlap``); with TP overlap (userbuffers pipelining, Wang et al.
-    2023) only the part longer than the pass's GEMM work shows. CP ring exchanges hide behind the
+    2023) each shows only where it outlasts the one GEMM it is paired with. CP ring exchanges hide behind the
     attention blocks (Liu et al. 2023) except for what exceeds them.
     """
     out: dict[str, float] = {}
-    tp_total = 0.0
+    share = comm_sm_share(coster.instance)
     for req in cost.comms:
         t = coster.request(req)
-        if req.axis == "tp":
-            tp_total += t
-            continue
-        if req.overlappable_s:
-            # hidden behind the compute it overlaps, which runs on the SMs the exchange leaves it
+        if req.overlappable_s and (req.axis != "tp" or overlap_tp):
+            # hidden behind the compute it overlaps -- for TP its own GEMM only -- which runs on the
+            # SMs the collective leaves it (userbuffers kernels and the GEMM's SM margin, Plan.comm_sm_share)
             hidden = min(t, req.overlappable_s)
-            t = t - hidden + comm_sm_share(coster.instance) * hidden
+            t = t - hidden + share * hidden
         out[req.axis] = out.get(req.axis, 0.0) + t
-    if tp_total:
-        if overlap_tp:
-            # the hidden part still takes its SMs from the GEMMs it overlaps (userbuffers kernels and
-            # the GEMM's SM margin), as a DP collective does beside the backward (Plan.comm_sm_share)
-            hidden = min(tp_total, cost.gemm_s)
-            out["tp"] = tp_total - hidden + comm_sm_share(coster.instance) * hidden
-        else:
-            out["tp"] = tp_total
     return out
 
 
