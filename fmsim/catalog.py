@@ -83,6 +83,7 @@ class Accelerator:
     attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
     attention_flash2_efficiency: float = 0.0      # FlashAttention-2-class kernels (FA2, Triton ports); 0 = attention's
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
+    cores: int = 1                                # devices a framework runs one rank on (NeuronCores per chip)
     source: str
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
@@ -185,6 +186,26 @@ class Instance:
     def is_reference(self) -> bool:
         """True for the reference systems of published measurements (DGX ...), which have no price."""
         return self.provider == "reference"
+
+
+def per_core(instance: Instance) -> Instance:
+    """``instance`` seen one core at a time: what a framework that runs a rank per core (Neuron: one per
+    NeuronCore) schedules on. Each chip becomes ``cores`` devices with an equal share of its math, HBM
+    capacity and bandwidth and scale-up links; the node's NICs are shared by twice (cores times) the
+    devices. The core is the unit a Neuron topology string counts ("TP=32" on a 16-chip trn1)."""
+    acc = instance.accelerator
+    c = acc.cores
+    if c <= 1:
+        return instance
+    core = dataclasses.replace(
+        acc, name=f"{acc.name}-core", peak_flop_per_s={k: v / c for k, v in acc.peak_flop_per_s.items()},
+        hbm_bytes=acc.hbm_bytes / c, hbm_bytes_per_s=acc.hbm_bytes_per_s / c,
+        scale_up_bytes_per_s=acc.scale_up_bytes_per_s / c, cores=1)
+    su = instance.scale_up
+    su = dataclasses.replace(su, domain_size=su.domain_size * c, bytes_per_s=su.bytes_per_s / c,
+                             cross_node_bytes_per_s=su.cross_node_bytes_per_s / c)
+    return dataclasses.replace(instance, accelerator=core, num_accelerators=instance.num_accelerators * c,
+                               scale_up=su)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -434,6 +455,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         attention_efficiency=attn_eff,
         attention_flash2_efficiency=attn_fa2_eff,
         compute_units=int(e.get("compute_units", 0)),
+        cores=e.get("cores", 1, _positive_int),
         source=e.source(),
         calibration=calibration,
         memory_type=str(e.get("memory_type", "")),

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .catalog import PRICING_OPTIONS, Catalog, Instance, load_catalog, suggest
+from .catalog import PRICING_OPTIONS, Catalog, Instance, load_catalog, per_core, suggest
 from .errors import ConfigError, ParallelismError
 from .model.architecture import ModelSpec, model_from_mapping
 from .results import COLUMNS_BY_KIND, COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS
@@ -127,7 +127,8 @@ PARALLELISM_KEYS = (
     "order",
 )
 OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm")
-CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers")
+CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
+RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
 NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription")
 STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity")
@@ -222,6 +223,7 @@ class Cluster:
     oversubscription: float = 1.0
     storage: Mapping[str, Any] | None = None  # kind, tier, deployment, throughput_per_tib (B/s), capacity (B)
     straggler_cv: float = 0.0  # per-rank compute-time jitter (coefficient of variation, normal)
+    rank_unit: str = "chip"  # chip | core: one rank per NeuronCore, each a share of its chip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -898,6 +900,12 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
             inclusive=True,
             expected="a ratio >= 1 (1 = non-blocking)",
         )
+    rank_unit = cl.choice("rank_unit", RANK_UNITS, "chip")
+    if rank_unit == "core":
+        if inst.accelerator.cores <= 1:
+            raise cl.err("rank_unit", f"core needs an accelerator split into cores; {inst.accelerator.name} "
+                                      "has one (expected rank_unit: chip)")
+        inst = per_core(inst)
     per_node = inst.num_accelerators
     has_nodes, has_gpus = cl.has("nodes"), cl.has("gpus")
     if not has_nodes and not has_gpus:
@@ -944,6 +952,7 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
         oversubscription=oversubscription,
         storage=storage,
         straggler_cv=straggler_cv,
+        rank_unit=rank_unit,
     )
     return cluster
 
@@ -1422,6 +1431,9 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
     }
     cluster: dict[str, Any] = {"instance": cl.instance.name, "nodes": cl.nodes, "placement": cl.placement}
     base = cat.instance(cl.instance.name)
+    if cl.rank_unit != "chip":
+        cluster["rank_unit"] = cl.rank_unit
+        base = per_core(base)
     network: dict[str, Any] = {}
     if cl.instance != base:
         network = {

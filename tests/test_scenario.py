@@ -570,3 +570,22 @@ def test_scenarios_round_trip_through_yaml(data):
     again = scenario_from_mapping(load_yaml_text(yaml.safe_dump(mapping)), file="gen.yaml")
     assert again == sc
     assert scenario_to_mapping(again) == mapping
+
+
+def test_neuroncore_ranks_split_each_chip_and_round_trip():
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "validation" / "training" / "trn1-01.yaml"
+    sc = load_scenario(path)
+    chip = load_catalog().instance("trn1.32xlarge")
+    core = sc.cluster.instance
+    assert sc.cluster.rank_unit == "core" and core.num_accelerators == 2 * chip.num_accelerators == 32
+    assert core.accelerator.peak("bf16") == pytest.approx(chip.accelerator.peak("bf16") / 2)
+    assert core.accelerator.hbm_bytes == pytest.approx(chip.accelerator.hbm_bytes / 2)
+    assert core.scale_up.domain_size == 32 and core.num_nics == chip.num_nics
+    assert sc.cluster.gpus == 32 * sc.cluster.nodes
+    assert "network" not in scenario_to_mapping(sc)["cluster"]
+    assert roundtrip(sc) == sc
+
+
+def test_core_ranks_on_a_chip_without_cores_is_a_clear_error():
+    with pytest.raises(ConfigError, match=r"cluster\.rank_unit: core needs an accelerator split into cores"):
+        load_scenario(LLAMA, overrides={"cluster.rank_unit": "core"})
