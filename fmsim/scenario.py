@@ -111,6 +111,7 @@ LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16")
+CP_COMMS = ("ring", "all-gather")
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -123,6 +124,7 @@ PARALLELISM_KEYS = (
     "recompute",
     "zero",
     "grad_reduce_precision",
+    "cp_comm",
     "overlap",
     "order",
 )
@@ -176,6 +178,9 @@ class Parallelism:
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
     # Megatron-Bridge's performance recipes set it)
     grad_reduce_precision: str = "fp32"
+    # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
+    # all-gather (gathered before attention, on the critical path: Llama 3)
+    cp_comm: str = "ring"
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
 
@@ -1133,6 +1138,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         recompute=ps.choice("recompute", RECOMPUTE, "none"),
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS, "fp32"),
+        cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
         overlap=overlap,
         order=order,
     )
@@ -1422,6 +1428,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "recompute": par.recompute,
         "zero": par.zero,
         "grad_reduce_precision": par.grad_reduce_precision,
+        "cp_comm": par.cp_comm,
         "overlap": {
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,

@@ -366,3 +366,11 @@ def test_an_overlapped_tp_collective_hides_only_behind_its_own_gemm():
     share = comm_sm_share(inst)
     assert _exposed(coster, cost, True)["tp"] == pytest.approx(2e-3 + share * 1e-3)
     assert _exposed(coster, cost, False)["tp"] == pytest.approx(3e-3)
+
+
+def test_all_gather_context_parallelism_exposes_its_exchange_and_ring_hides_it():
+    base = {"parallelism.cp": 2, "parallelism.dp": "auto", "workload.seq_len": 32768}
+    ring = fmsim.estimate(scenario(**base))
+    gathered = fmsim.estimate(scenario(**base, **{"parallelism.cp_comm": "all-gather"}))
+    assert gathered.breakdown.get("comm_cp", 0.0) > ring.breakdown.get("comm_cp", 0.0)
+    assert gathered.metrics["step_time_s"] > ring.metrics["step_time_s"]

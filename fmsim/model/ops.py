@@ -48,6 +48,7 @@ class Shard:
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2 class) | unfused (materialised scores)
+    cp_comm: str = "ring"            # ring (K/V passed around, overlapped) | all-gather (gathered up front)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
 
@@ -246,11 +247,16 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
     if sh.cp > 1:
-        # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
         kv_bytes = T * 2 * (model.kv_heads * model.head_dim if model.attention != "mla"
                             else model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t * rf.act_bytes
-        c.comms.append(CommRequest("cp", "send-recv", kv_bytes * (sh.cp - 1),
-                                   overlappable_s=c.attention_s))
+        if sh.cp_comm == "all-gather":
+            # all-gather K and V before attention (Llama 3, Dubey et al. 2024 §3.3.2; TE cp_comm_type
+            # all_gather): on the critical path; backward reduce-scatters dK, dV the same way
+            c.comms.append(CommRequest("cp", "all-gather", kv_bytes * sh.cp))
+        else:
+            # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
+            c.comms.append(CommRequest("cp", "send-recv", kv_bytes * (sh.cp - 1),
+                                       overlappable_s=c.attention_s))
     return c
 
 

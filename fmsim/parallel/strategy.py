@@ -326,7 +326,7 @@ def build_plan(sc) -> Plan:
     layers = split_layers(model.layers, pp, vpp)
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
-                  attention_kernel=getattr(w, "attention_kernel", "flash"), expert_tp=etp,
+                  attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)))
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
