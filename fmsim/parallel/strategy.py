@@ -45,7 +45,7 @@ OPTIMIZER_BYTES_PER_PARAM = 30.0
 #: at large data parallelism; that variant was measured and fits the validation set worse, where
 #: DeepSpeed-era ZeRO runs reduce in small chunks), used for every framework.
 BUCKET_PARAMS = 40e6
-#: SMs a collective kernel occupies while it runs beside compute (see Plan.comm_sm_share).
+#: SMs a collective kernel occupies while it runs beside compute (see overlap_slowdown).
 COMM_SMS = 20
 
 
@@ -112,9 +112,9 @@ class Plan:
         return float(self.global_batch) * self.seq_len
 
     @property
-    def comm_sm_share(self) -> float:
-        """Share of the SMs a collective occupies while it overlaps compute (:func:`comm_sm_share`)."""
-        return comm_sm_share(self.instance)
+    def overlap_slowdown(self) -> float:
+        """Share of its speed compute loses while a collective overlaps it (:func:`overlap_slowdown`)."""
+        return overlap_slowdown(self.instance)
 
     @property
     def straggler_task_factor(self) -> float:
@@ -134,15 +134,20 @@ class Plan:
         return self.stages[chunk * self.pp + stage]
 
 
-def comm_sm_share(instance: Instance) -> float:
-    """Share of the SMs a collective occupies while it overlaps compute: about 20 SMs drive
-    NVLink and InfiniBand at full bandwidth (DeepSeek-V3 technical report, arXiv 2412.19437,
-    §3.2.2, on H800; Transformer Engine's userbuffers configs give the pipelined TP reduce-scatter
-    16-24 SMs and shrink the GEMM by as many), so compute beside a collective runs on the others.
-    Chips whose collectives run on dedicated engines (no SM count in the catalog: Trainium) lose
-    nothing."""
-    units = instance.accelerator.compute_units
-    return COMM_SMS / units if units else 0.0
+def overlap_slowdown(instance: Instance) -> float:
+    """Share of its speed compute loses while a collective runs beside it.
+
+    Two effects multiply: the collective's kernels occupy about 20 SMs (DeepSeek-V3 technical report,
+    arXiv 2412.19437, §3.2.2, on H800; Transformer Engine's userbuffers configs give the pipelined TP
+    reduce-scatter 16-24 SMs and shrink the GEMM by as many), and the extra power of moving data while
+    computing pushes the chip into its power cap, which lowers the core clock (the catalog's
+    ``efficiency.overlap_clock``). Compute beside a collective runs at (1 - SMs/units) x that clock.
+    Chips whose collectives run on dedicated engines (no SM count in the catalog: Trainium) lose the
+    clock share only."""
+    acc = instance.accelerator
+    units = acc.compute_units
+    sm_left = 1.0 - COMM_SMS / units if units else 1.0
+    return 1.0 - sm_left * acc.overlap_clock_ratio
 
 
 def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
@@ -209,12 +214,12 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
     attention blocks (Liu et al. 2023) except for what exceeds them.
     """
     out: dict[str, float] = {}
-    share = comm_sm_share(coster.instance)
+    share = overlap_slowdown(coster.instance)
     for req in cost.comms:
         t = coster.request(req)
         if req.overlappable_s and (req.axis != "tp" or overlap_tp):
             # hidden behind the compute it overlaps -- for TP its own GEMM only -- which runs on the
-            # SMs the collective leaves it (userbuffers kernels and the GEMM's SM margin, Plan.comm_sm_share)
+            # SMs the collective leaves it (userbuffers kernels, the GEMM's SM margin and the power-capped clock, Plan.overlap_slowdown)
             hidden = min(t, req.overlappable_s)
             t = t - hidden + share * hidden
         out[req.axis] = out.get(req.axis, 0.0) + t

@@ -43,7 +43,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
     jobs: list[Job] = []
     jit = plan.straggler_task_factor
-    sm = plan.comm_sm_share
+    sm = plan.overlap_slowdown
     fsdp = plan.zero >= 3
     grad_overlap = overlap and plan.overlap_grad_reduce and not fsdp
     gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1 and not fsdp
@@ -251,7 +251,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         dp_exposed = max(0.0, max(ag, rs) - m * per_stage[crit]) + plan.dp_gather_s[crit] / vpp + dp / vpp
         gather = 0.0
     else:
-        sm = plan.comm_sm_share
+        sm = plan.overlap_slowdown
         nb = max(1, len(plan.dp_buckets[crit]))
         if plan.overlap_grad_reduce:
             # overlapped with the last backward, which runs slower beside it (as in the engine)
