@@ -27,9 +27,9 @@ from ..model.serving_cost import IterationWork, causal_pairs, kv_stream_tokens
 
 _NAN = float("nan")
 
-
 #: A request evicted this often means the engine cycles without progress (a bug, not a workload).
 MAX_PREEMPTIONS_PER_JOB = 10_000
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineConfig:

@@ -210,16 +210,16 @@ def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, 
 
     TP/EP collectives sit on the critical path between the GEMMs that produce and consume them
     (Megatron without ``--tp-comm-overlap``); with TP overlap (userbuffers pipelining, Wang et al.
-    2023) each shows only where it outlasts the one GEMM it is paired with. CP ring exchanges hide behind the
-    attention blocks (Liu et al. 2023) except for what exceeds them.
+    2023) each shows only where it outlasts the one GEMM it is paired with. CP ring exchanges hide
+    behind the attention blocks (Liu et al. 2023) except for what exceeds them.
     """
     out: dict[str, float] = {}
     share = overlap_slowdown(coster.instance)
     for req in cost.comms:
         t = coster.request(req)
         if req.overlappable_s and (req.axis != "tp" or overlap_tp):
-            # hidden behind the compute it overlaps -- for TP its own GEMM only -- which runs on the
-            # SMs the collective leaves it (userbuffers kernels, the GEMM's SM margin and the power-capped clock, Plan.overlap_slowdown)
+            # hidden behind the compute it overlaps -- for TP its own GEMM only -- which runs slower
+            # beside it: fewer SMs and a power-capped clock (overlap_slowdown)
             hidden = min(t, req.overlappable_s)
             t = t - hidden + share * hidden
         out[req.axis] = out.get(req.axis, 0.0) + t
