@@ -300,3 +300,11 @@ def test_iteration_work_of_a_mixed_batch_adds_its_parts():
                           prefill_pairs=100 * 101 / 2, prefill_kv_reads=100)
     assert cost.iteration_time(mixed) > cost.iteration_time(IterationWork(tokens=10, logits=10, decode_seqs=10,
                                                                           decode_ctx=5000.0))
+
+
+def test_cuda_graphs_are_captured_only_up_to_the_engine_batch_limit():
+    plan = make_plan({"traffic": {"arrival": "offline", "requests": 8, "prompt_len": 128, "output_len": 64},
+                      "serving": {"engine": "trtllm", "replicas": 1, "max_seqs": 300, "max_batch_tokens": 4096}})
+    cost = plan.pool("serve").cost
+    assert cost.graph_batch_sizes and max(cost.graph_batch_sizes) == 256
+    assert cost.padded(200) == 256 and cost.padded(280) == 280   # above the largest graph: no padding

@@ -48,7 +48,9 @@ def test_validation_scenario_builds_a_plan_with_a_measurement(path):
 # of issue 5 (median <= 10 % on throughput) is tracked by `fmsim validate`, see docs/serving.md.
 REGRESSION_ROWS = ("inf-061", "inf-067", "inf-068", "inf-070", "inf-071", "inf-079", "inf-080", "inf-086",
                    "inf-088", "inf-089", "inf-090", "inf-091", "inf-093", "inf-094")
-REGRESSION_MEDIAN_BOUND = 0.06   # measured 5.0 % with the K-depth GEMM efficiency (was 15 %)
+# measured 5.0 % with the K-depth GEMM efficiency (was 15 %); 6.5 % since decode batches larger than
+# the engine's batch limit stopped being padded to CUDA graphs that are never captured
+REGRESSION_MEDIAN_BOUND = 0.07
 
 
 def test_validation_subset_median_error_stays_within_its_recorded_bound():

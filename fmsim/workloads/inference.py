@@ -134,6 +134,12 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     act = cost.activation_bytes(max_tokens, max_seqs, model)
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=act) // pp
+    if cost.graph_batch_sizes:
+        # graphs are captured only up to the engine's batch and token limits; a larger decode batch
+        # runs without padding (TensorRT-LLM PyTorchModelEngine keeps cuda_graph_batch_sizes <=
+        # max_batch_size and <= max_num_tokens)
+        cost = dataclasses.replace(cost, graph_batch_sizes=tuple(
+            g for g in cost.graph_batch_sizes if g <= max_seqs and g <= max_tokens))
     block = sv.kv_block_size or profile.kv_block_size
     blocks = cap // block
     if blocks < 1:
