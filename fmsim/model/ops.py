@@ -112,11 +112,11 @@ class Roofline:
         act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
         if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
             act_precision = "bf16"
-        attn_eff = getattr(acc, "attention_efficiency", 0.0) or acc.gemm_efficiency.get(act_precision, 0.7)
+        attn_eff = acc.attention_efficiency or acc.gemm_efficiency.get(act_precision, 0.7)
         if attention_kernel == "flash2":
             # a FlashAttention-2-class kernel (FA2, its Triton ports): the chip's best fused attention
             # where that is what FA2 is (Ampere), a separate figure where newer kernels pulled ahead
-            attn_eff = getattr(acc, "attention_flash2_efficiency", 0.0) or attn_eff
+            attn_eff = acc.attention_flash2_efficiency or attn_eff
         return cls(
             gemm_flop_per_s=acc.gemm_flop_per_s(precision),
             gemm_flop_per_s_bf16=acc.gemm_flop_per_s(act_precision),
@@ -124,7 +124,7 @@ class Roofline:
             hbm_bytes_per_s=acc.hbm_bytes_per_s * acc.hbm_efficiency,
             act_bytes=BYTES_PER_ELEMENT[act_precision],
             gemm_in_bytes=BYTES_PER_ELEMENT[precision],
-            compute_units=getattr(acc, "compute_units", 0),
+            compute_units=acc.compute_units,
             # k/(k+K0): each output tile pays a fixed prologue/epilogue besides its k-loop (a
             # systolic array's fill and drain is the same kind of cost); K0 from DeepGEMM's FP8
             # table, scaled by the math rate (kernels.gemm_k0)
