@@ -66,6 +66,9 @@ class CommRequest:
     op: str                          # all-gather | reduce-scatter | all-reduce | all-to-all | send-recv
     size_bytes: float
     overlappable_s: float = 0.0      # compute it may hide behind (ring attention, TP overlap)
+    #: what the backward pass issues in its place, as (op, size multiple) pairs; empty: the
+    #: conjugate collective of the same size (all-gather <-> reduce-scatter, others repeat)
+    backward: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -251,12 +254,24 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
                             else model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t * rf.act_bytes
         if sh.cp_comm == "all-gather":
             # all-gather K and V before attention (Llama 3, Dubey et al. 2024 §3.3.2; TE cp_comm_type
-            # all_gather): on the critical path; backward reduce-scatters dK, dV the same way
-            c.comms.append(CommRequest("cp", "all-gather", kv_bytes * sh.cp))
+            # all_gather): on the critical path. The backward gathers K and V again (they are not
+            # kept) and reduce-scatters dK, dV (Transformer Engine context_parallel.py,
+            # AttnFuncWithCPAndKVAllGather.backward: gather_along_first_dim(k/v), then the reduce)
+            c.comms.append(CommRequest("cp", "all-gather", kv_bytes * sh.cp,
+                                       backward=(("all-gather", 1.0), ("reduce-scatter", 1.0))))
         else:
-            # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks
+            # ring attention: cp-1 exchanges of this rank's K and V shard, hidden behind the blocks.
+            # Backward passes K/V around the ring again and, beside it, the dK/dV accumulated so
+            # far (TE AttnFuncWithCPAndKVP2P.backward: each p2p buffer holds kv and dkv), 2x bytes
             c.comms.append(CommRequest("cp", "send-recv", kv_bytes * (sh.cp - 1),
-                                       overlappable_s=c.attention_s))
+                                       overlappable_s=c.attention_s, backward=(("send-recv", 2.0),)))
+        # the attention runs as cp partial calls whose outputs are merged by their softmax
+        # statistics: per step, out (fp32) += out_step (16-bit) * exp(lse_step - lse) -- read the
+        # step's output, read and write the fp32 accumulator (TE flash_attn_fwd_out_correction);
+        # the backward accumulates dQ and dK/dV over the steps in fp32 the same way
+        out_elements = T * dv / t
+        c.memory_s += sh.cp * out_elements * (rf.act_bytes + 2 * 4.0) / rf.hbm_bytes_per_s
+        c.kernels += 2 * (sh.cp - 1)                            # the extra attention calls and merges
     return c
 
 
@@ -349,15 +364,18 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
 
 def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     """Backward pass of a forward: 2 × GEMM work, 2.5 × attention, 2 × elementwise; the
-    conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat).
+    conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat), or what a
+    collective names as its ``backward``.
 
     With ``frozen_weights`` (LoRA: the base weights get no gradient) the GEMMs compute only the
     data gradient, 1 × forward (Hu et al. 2021 §4.2; the rank-r adapters add r/h of that)."""
     gemm_factor = 1.0 if frozen_weights else GEMM_BWD_FACTOR
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
-    comms = [CommRequest(r.axis, conj.get(r.op, r.op), r.size_bytes,
-                         overlappable_s=r.overlappable_s * (gemm_factor if r.axis == "tp" else ATTENTION_BWD_FACTOR))
-             for r in fwd.comms]
+    comms = []
+    for r in fwd.comms:
+        hide = r.overlappable_s * (gemm_factor if r.axis == "tp" else ATTENTION_BWD_FACTOR)
+        for op, times in r.backward or ((conj.get(r.op, r.op), 1.0),):
+            comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide))
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
