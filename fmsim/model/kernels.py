@@ -6,6 +6,8 @@ that a training step and a serving iteration price the same kernel the same way.
 """
 from __future__ import annotations
 
+import math
+
 # Bytes per element. NVFP4 packs 16 four-bit values with one FP8 (E4M3) scale:
 # 0.5 + 1/16 bytes per element (NVIDIA, "Introducing NVFP4 for efficient and accurate
 # low-precision inference", developer blog 2025, block size 16 with an FP8 scale).
@@ -39,3 +41,33 @@ def gemm_k0(peak_flop_per_s: float) -> float:
 def gemm_k_efficiency(k: float, k0: float = GEMM_K0) -> float:
     """Share of the large-GEMM efficiency a GEMM of reduction depth ``k`` reaches, ``k / (k + K0)``."""
     return k / (k + k0) if k > 0 else 1.0
+
+
+#: Output tile shapes (rows × columns) the GEMM library chooses among: CUTLASS's 128×256, 256×128
+#: and 128×128 threadblock tiles for 16- and 8-bit tensor-core GEMMs on SM80/SM90/SM100.
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+
+
+def wave_efficiency(m: float, n: float, compute_units: int) -> float:
+    """Fraction of the SMs' tensor-core work that is useful for an m×n GEMM output.
+
+    The output is cut into tiles; an edge tile computes rows and columns outside the matrix
+    (tile quantization), and tiles run one per SM at a time, the last wave partly empty (wave
+    quantization) -- NVIDIA, "Matrix Multiplication Background User's Guide", §"Tile
+    quantization" and §"Wave quantization". When a GEMM has fewer tiles than SMs the library
+    splits K over several SMs per tile (cuBLAS/CUTLASS split-K), so such a GEMM keeps all SMs
+    busy and pays the tile quantization alone. The library picks the tile shape that quantizes
+    best. The catalog's large-GEMM efficiency was measured on shapes that fill their waves, so a
+    full wave counts as 1. ``compute_units`` 0: no wave model.
+    """
+    if compute_units <= 0:
+        return 1.0
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        mt, nt = math.ceil(m / tm), math.ceil(n / tn)
+        tiles = mt * nt
+        used = (m * n) / (mt * tm * nt * tn)
+        if tiles >= compute_units:
+            used *= tiles / (math.ceil(tiles / compute_units) * compute_units)
+        best = max(best, used)
+    return min(1.0, best)

@@ -17,21 +17,17 @@ flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
-from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, gemm_k0
+from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, gemm_k0, wave_efficiency
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
 #: A GEMM's backward computes the data and the weight gradient: 2 × forward.
 GEMM_BWD_FACTOR = 2.0
-#: Output tile shapes (rows × columns) the GEMM library chooses among: CUTLASS's 128×256, 256×128
-#: and 128×128 threadblock tiles for 16- and 8-bit tensor-core GEMMs on SM80/SM90/SM100.
-GEMM_TILES = ((128, 256), (256, 128), (128, 128))
 #: Elementwise kernels (norms, activations, residuals) move about twice the forward bytes backward.
 MEM_BWD_FACTOR = 2.0
 
@@ -144,23 +140,8 @@ class Roofline:
                                    gemm_k0=self.gemm_k0_bf16)
 
     def wave_efficiency(self, m: float, n: float) -> float:
-        """Fraction of the SMs busy over a GEMM's waves of output tiles (wave quantization).
-
-        A GEMM's m×n output is cut into tiles, one per SM at a time; the last wave runs partly
-        empty (NVIDIA, "Matrix Multiplication Background User's Guide", §"Wave quantization").
-        The library picks the tile shape that quantizes best; the shapes are CUTLASS's large
-        Ampere/Hopper/Blackwell tiles. The catalog's large-GEMM efficiency was measured on shapes
-        that fill their waves, so a full wave counts as 1.
-        """
-        if self.compute_units <= 0:
-            return 1.0
-        best = 0.0
-        for tm, tn in GEMM_TILES:
-            tiles = math.ceil(m / tm) * math.ceil(n / tn)
-            waves = math.ceil(tiles / self.compute_units)
-            useful = (m * n) / (tm * tn * waves * self.compute_units)
-            best = max(best, useful)
-        return min(1.0, best)
+        """Fraction of the SMs busy over a GEMM's waves of output tiles (:func:`kernels.wave_efficiency`)."""
+        return wave_efficiency(m, n, self.compute_units)
 
     def gemm(self, m: float, n: float, k: float) -> tuple[float, float]:
         """(seconds, FLOPs) of an (m×k)·(k×n) GEMM: roofline of compute and operand traffic."""

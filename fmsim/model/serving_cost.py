@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
-from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency
+from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency, wave_efficiency
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
 LOGIT_BYTES = 4.0        # fp32 logits in the sampler
@@ -49,12 +49,18 @@ RUNTIME_RESERVE_BYTES = 2.0 ** 30
 KERNELS_DENSE_LAYER = 9
 KERNELS_MOE_LAYER = 13
 KERNELS_PER_ITERATION = 3   # embedding, LM head, sampling
-def _flop_weighted_efficiency(gemms: list[tuple[float, float]], k0: float = GEMM_K0) -> float:
-    """Efficiency of a chain of GEMMs given as (FLOPs share, K): sum(f) / sum(f / e(K))."""
-    tot = sum(f for f, _ in gemms)
+def _flop_weighted_efficiency(gemms: list[tuple[float, float, float]], k0: float = GEMM_K0) -> float:
+    """Efficiency of a chain of GEMMs given as (FLOPs share, K, N): sum(f) / sum(f / e(K))."""
+    tot = sum(g[0] for g in gemms)
     if tot <= 0:
         return 1.0
-    return tot / sum(f / gemm_k_efficiency(k, k0) for f, k in gemms)
+    return tot / sum(g[0] / gemm_k_efficiency(g[1], k0) for g in gemms)
+
+
+def _gemm_shapes(gemms: list[tuple[float, float, float]], k0: float) -> tuple[tuple[float, float, float], ...]:
+    """(FLOPs share, K-depth efficiency, N on one GPU) of each GEMM family, for the wave model."""
+    tot = sum(g[0] for g in gemms)
+    return tuple((f / tot, gemm_k_efficiency(k, k0), n) for f, k, n in gemms) if tot > 0 else ()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,7 +301,14 @@ class ServingCostModel:
     lm_gemm_eff: float = 1.0
     cpu_overhead_fraction: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
+    # wave quantization of the linear layers at the batch's row count (kernels.wave_efficiency):
+    # (FLOPs share, K-depth efficiency, N on one GPU) of each non-expert GEMM family, the LM head's
+    # N, and the SMs (0: no wave model)
+    dense_gemm_shapes: tuple[tuple[float, float, float], ...] = ()
+    lm_n: float = 0.0
+    compute_units: int = 0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
+    _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     # -- pieces ---------------------------------------------------------------------------
     def _touched_fraction(self, tokens: float) -> float:
@@ -325,19 +338,33 @@ class ServingCostModel:
                 t += (self.pp - 1) * self.collective("send-recv", size, 2, 2 if self.pp_same_node else 1)
         return t
 
+    def dense_efficiency(self, tokens: float) -> float:
+        """Compute efficiency of the non-expert GEMMs for a batch of ``tokens``: K depth and, on
+        GPUs, the tile and wave quantization of each GEMM's (tokens per attention group) × N output."""
+        if not self.compute_units or not self.dense_gemm_shapes:
+            return self.dense_gemm_eff
+        m = max(1, math.ceil(tokens / self.dp_groups))
+        e = self._eff_cache.get(m)
+        if e is None:
+            e = 1.0 / sum(share / (k_eff * wave_efficiency(m, n, self.compute_units))
+                          for share, k_eff, n in self.dense_gemm_shapes)
+            self._eff_cache[m] = e
+        return e
+
     def linear_time(self, tokens: float, logits: float) -> float:
         """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
         if tokens <= 0:
             return 0.0
         f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
-        t = max(self.dense_flop_per_token * tokens / (f * self.dense_gemm_eff), self.dense_weight_bytes / b)
+        t = max(self.dense_flop_per_token * tokens / (f * self.dense_efficiency(tokens)), self.dense_weight_bytes / b)
         t += self.elementwise_bytes_per_token * tokens / b
         if self.num_experts:
             t += max(self.expert_flop_per_token * tokens / (f * self.expert_gemm_eff),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if logits > 0:
-            t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * self.lm_gemm_eff),
-                     self.lm_weight_bytes / b)
+            lm_eff = self.lm_gemm_eff * (wave_efficiency(math.ceil(logits / self.dp_groups), self.lm_n,
+                                                         self.compute_units) if self.lm_n else 1.0)
+            t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
         return t
 
     def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
@@ -528,21 +555,25 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     if model.attention == "mla" and model.mla is not None:
         m = model.mla
         qk = m.qk_nope_dim + m.qk_rope_dim
-        attn_gemms = [(h * (m.kv_lora_rank + m.qk_rope_dim), h),
-                      (m.kv_lora_rank * model.heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank),
-                      (model.heads * m.v_head_dim * h, model.heads * m.v_head_dim / tp)]
-        attn_gemms += ([(h * m.q_lora_rank, h), (m.q_lora_rank * model.heads * qk, m.q_lora_rank)]
-                       if m.q_lora_rank else [(h * model.heads * qk, h)])
+        # (weights, K, N on one GPU): the latent down-projections are replicated over TP
+        attn_gemms = [(h * (m.kv_lora_rank + m.qk_rope_dim), h, m.kv_lora_rank + m.qk_rope_dim),
+                      (m.kv_lora_rank * model.heads * (m.qk_nope_dim + m.v_head_dim), m.kv_lora_rank,
+                       model.heads * (m.qk_nope_dim + m.v_head_dim) / tp),
+                      (model.heads * m.v_head_dim * h, model.heads * m.v_head_dim / tp, h)]
+        attn_gemms += ([(h * m.q_lora_rank, h, m.q_lora_rank),
+                        (m.q_lora_rank * model.heads * qk, m.q_lora_rank, model.heads * qk / tp)]
+                       if m.q_lora_rank else [(h * model.heads * qk, h, model.heads * qk / tp)])
     else:
         d = model.head_dim
-        attn_gemms = [(h * (model.heads + 2 * model.kv_heads) * d, h), (model.heads * d * h, model.heads * d / tp)]
+        qkv_width = (model.heads + 2 * model.kv_heads) * d
+        attn_gemms = [(h * qkv_width, h, qkv_width / tp), (model.heads * d * h, model.heads * d / tp, h)]
     mlp_mult = 2 if model.gated else 1
 
-    def _mlp(ffn: float, split: float, n: float) -> list[tuple[float, float]]:
-        return [(n * mlp_mult * h * ffn, h), (n * ffn * h, ffn / split)]
+    def _mlp(ffn: float, split: float, n: float) -> list[tuple[float, float, float]]:
+        return [(n * mlp_mult * h * ffn, h, mlp_mult * ffn / split), (n * ffn * h, ffn / split, h)]
 
     k0 = gemm_k0(acc.peak(precision) if precision in acc.peak_flop_per_s else acc.peak("bf16"))
-    dense_gemms = [(L * f, k) for f, k in attn_gemms] + _mlp(dense_ffn, tp, n_dense)
+    dense_gemms = [(L * f, k, n) for f, k, n in attn_gemms] + _mlp(dense_ffn, tp, n_dense)
     if moe:
         sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
         dense_gemms += _mlp(sh_ffn, tp, n_moe * moe.shared_experts)
@@ -611,6 +642,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
         cpu_overhead_fraction=cpu_overhead_fraction,
         dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, gemm_k0(acc.peak("bf16"))),
+        dense_gemm_shapes=_gemm_shapes(dense_gemms, k0), lm_n=model.vocab / tp, compute_units=acc.compute_units,
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
