@@ -112,6 +112,7 @@ LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16")
 CP_COMMS = ("ring", "all-gather")
+EP_DISPATCHES = ("alltoall", "deepep")
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -125,10 +126,11 @@ PARALLELISM_KEYS = (
     "zero",
     "grad_reduce_precision",
     "cp_comm",
+    "ep_dispatch",
     "overlap",
     "order",
 )
-OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm")
+OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "ep_comm")
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
@@ -158,6 +160,9 @@ class Overlap:
     grad_reduce: bool = True  # bucketed gradient reduce-scatter/all-reduce during backward
     param_gather: bool = True  # ZeRO/FSDP parameter all-gather prefetched during forward
     tp_comm: bool = False  # TP all-gather/reduce-scatter overlapped with GEMMs
+    # EP dispatch/combine of one micro-batch behind another's compute (Megatron-Core
+    # --overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)
+    ep_comm: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +186,10 @@ class Parallelism:
     # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
     # all-gather (gathered before attention, on the critical path: Llama 3)
     cp_comm: str = "ring"
+    # MoE token dispatch: alltoall (NCCL all-to-all of every token-expert copy, Megatron-Core's
+    # alltoall dispatcher) or deepep (DeepEP / HybridEP through Megatron-Core's flex dispatcher: a
+    # token crosses the scale-out network once per destination node, at the NIC's line rate)
+    ep_dispatch: str = "alltoall"
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
 
@@ -1109,6 +1118,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             grad_reduce=ov.boolean("grad_reduce", True),
             param_gather=ov.boolean("param_gather", True),
             tp_comm=ov.boolean("tp_comm", False),
+            ep_comm=ov.boolean("ep_comm", False),
         )
     )
     order = DEFAULT_ORDER
@@ -1139,6 +1149,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS, "fp32"),
         cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
+        ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,
         order=order,
     )
@@ -1429,10 +1440,12 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "zero": par.zero,
         "grad_reduce_precision": par.grad_reduce_precision,
         "cp_comm": par.cp_comm,
+        "ep_dispatch": par.ep_dispatch,
         "overlap": {
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,
             "tp_comm": par.overlap.tp_comm,
+            "ep_comm": par.overlap.ep_comm,
         },
         "order": list(par.order),
     }

@@ -275,13 +275,40 @@ def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     acc = fmsim.load_catalog().accelerator("h100-sxm")
     rf = Roofline.of(acc, "bf16")
 
-    def a2a(nodes):
-        sh = Shard(micro_batch=1, seq_len=4096, tp=1, ep=64, expert_tp=1, ep_nodes=nodes)
-        return [r.size_bytes for r in moe_mlp_forward(model, sh, rf).comms if r.axis == "ep"][0]
+    def a2a(nodes, dispatch="deepep"):
+        sh = Shard(micro_batch=1, seq_len=4096, tp=1, ep=64, expert_tp=1, ep_nodes=nodes, ep_dispatch=dispatch)
+        reqs = [r for r in moe_mlp_forward(model, sh, rf).comms if r.axis == "ep"]
+        assert len(reqs) == 2 and all(r.line_rate == (dispatch == "deepep") for r in reqs)
+        return reqs[0].size_bytes
 
     flat = a2a(1)
     assert flat == 4096 * 8 * model.hidden * 2           # one copy per routed expert
     assert a2a(8) < flat and a2a(8) > flat / 8           # dedup per remote node, never below one copy
+    assert a2a(8, "alltoall") == flat                    # NCCL all-to-all sends every copy
+
+
+def _dsv3(**over):
+    base = {"workload.model": "deepseek-v3", "workload.seq_len": 4096, "workload.global_batch": 1024,
+            "workload.micro_batch": 1, "cluster.nodes": 64, "parallelism.tp": 1, "parallelism.pp": 8,
+            "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.dp": "auto", "parallelism.ep": 64,
+            "parallelism.sequence_parallel": False}
+    return fmsim.estimate(scenario(**base, **over))
+
+
+def test_deepep_dispatch_exposes_less_expert_traffic_than_nccl_all_to_all():
+    nccl = _dsv3()
+    deepep = _dsv3(**{"parallelism.ep_dispatch": "deepep"})
+    assert 0 < deepep.breakdown["comm_ep"] < nccl.breakdown["comm_ep"]
+    assert deepep.metrics["step_time_s"] < nccl.metrics["step_time_s"]
+    with pytest.raises(fmsim.errors.ConfigError, match="ep_dispatch"):
+        scenario(**{"parallelism.ep_dispatch": "nvshmem"})
+
+
+def test_overlapped_expert_dispatch_hides_behind_the_moe_block():
+    plain = _dsv3()
+    hidden = _dsv3(**{"parallelism.overlap.ep_comm": True})
+    assert hidden.breakdown["comm_ep"] < plain.breakdown["comm_ep"]
+    assert hidden.metrics["step_time_s"] < plain.metrics["step_time_s"]
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])

@@ -47,6 +47,8 @@ class Shard:
     cp_comm: str = "ring"            # ring (K/V passed around, overlapped) | all-gather (gathered up front)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
+    ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
+    ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
 
     @property
     def tokens(self) -> float:
@@ -65,6 +67,8 @@ class CommRequest:
     #: what the backward pass issues in its place, as (op, size multiple) pairs; empty: the
     #: conjugate collective of the same size (all-gather <-> reduce-scatter, others repeat)
     backward: tuple[tuple[str, float], ...] = ()
+    #: moved at the scale-out NIC's line rate rather than the fabric's NCCL efficiency (DeepEP)
+    line_rate: bool = False
 
 
 @dataclass(slots=True)
@@ -305,7 +309,8 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
         a2a = rows * h * rf.act_bytes                            # bytes each rank sends (nccl-tests size)
-        if sh.ep_nodes > 1:
+        deepep = sh.ep_dispatch == "deepep"
+        if deepep and sh.ep_nodes > 1:
             # hierarchical dispatch (DeepEP, Megatron-Core's flex dispatcher): a token crosses the
             # scale-out network once per distinct remote node among its top-k experts, then fans
             # out over NVLink. With balanced routing over N nodes it meets N(1-(1-1/N)^k) distinct
@@ -313,8 +318,11 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             n, k = sh.ep_nodes, m.top_k
             distinct_remote = n * (1.0 - (1.0 - 1.0 / n) ** k) * (n - 1) / n
             a2a *= (distinct_remote + k / n) / k
-        c.comms.append(CommRequest("ep", "all-to-all", a2a))   # dispatch
-        c.comms.append(CommRequest("ep", "all-to-all", a2a))   # combine
+        # with EP overlap (Megatron-Core's combined 1F1B) each dispatch/combine runs behind the
+        # compute of another micro-batch's MoE block; the block's own work bounds what it hides
+        hide = c.compute_s if sh.ep_overlap else 0.0
+        for _ in ("dispatch", "combine"):
+            c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep))
     return c
 
 
@@ -354,9 +362,9 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
     comms = []
     for r in fwd.comms:
-        hide = r.overlappable_s * (gemm_factor if r.axis == "tp" else ATTENTION_BWD_FACTOR)
+        hide = r.overlappable_s * (gemm_factor if r.axis in ("tp", "ep") else ATTENTION_BWD_FACTOR)
         for op, times in r.backward or ((conj.get(r.op, r.op), 1.0),):
-            comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide))
+            comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide, line_rate=r.line_rate))
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,

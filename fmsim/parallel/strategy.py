@@ -8,6 +8,7 @@ consume the same Plan, so each checks the other.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -191,18 +192,23 @@ class CommCoster:
 
     def __init__(self, instance: Instance, shapes: Mapping[str, GroupShape], nodes: int):
         self.instance, self.shapes, self.nodes = instance, shapes, nodes
-        self._memo: dict[tuple[str, float, GroupShape], CollectiveCost] = {}
+        # DeepEP-class dispatch reaches the NIC's line rate over RDMA (deepseek-ai/DeepEP README,
+        # V1 table on H800 + CX7 400 Gb/s "~50 GB/s maximum": internode EP16/32/64 dispatch 43/58/51,
+        # combine 43/57/50 GB/s), where NCCL's collectives reach the fabric's calibrated efficiency
+        self._line_rate = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
+        self._memo: dict[tuple[str, float, GroupShape, bool], CollectiveCost] = {}
 
-    def cost(self, op: str, size_bytes: float, shape: GroupShape) -> float:
+    def cost(self, op: str, size_bytes: float, shape: GroupShape, line_rate: bool = False) -> float:
         if shape.size <= 1 or size_bytes <= 0:
             return 0.0
-        key = (op, size_bytes, shape)
+        key = (op, size_bytes, shape, line_rate)
         if key not in self._memo:
-            self._memo[key] = collective_time(op, size_bytes, self.instance, shape, nodes=self.nodes)
+            inst = self._line_rate if line_rate else self.instance
+            self._memo[key] = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
         return self._memo[key].time_s
 
     def request(self, req: CommRequest) -> float:
-        return self.cost(req.op, req.size_bytes, self.shapes[req.axis])
+        return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate)
 
 
 def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, float]:
@@ -332,7 +338,8 @@ def build_plan(sc) -> Plan:
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
                   attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
-                  ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)))
+                  ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
+                  ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm)
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
