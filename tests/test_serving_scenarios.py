@@ -50,8 +50,10 @@ REGRESSION_ROWS = ("inf-061", "inf-067", "inf-068", "inf-070", "inf-071", "inf-0
                    "inf-088", "inf-089", "inf-090", "inf-091", "inf-093", "inf-094")
 # measured 5.0 % with the K-depth GEMM efficiency (was 15 %); 6.5 % since decode batches larger than
 # the engine's batch limit stopped being padded to CUDA graphs that are never captured; 3.0 % with
-# tile and wave quantization of the decode GEMMs and H200's measured HBM efficiency
-REGRESSION_MEDIAN_BOUND = 0.04
+# tile and wave quantization of the decode GEMMs and H200's measured HBM efficiency; 4.4 % once prefill
+# attention runs at the measured forward-causal rate (0.55 on Hopper, was the GEMM rate 0.80): the 8B
+# 20k-token rows here went from -3 to -8 %, while the whole set improved (throughput mean 14.5 -> 14.1 %)
+REGRESSION_MEDIAN_BOUND = 0.05
 
 
 def test_validation_subset_median_error_stays_within_its_recorded_bound():

@@ -624,7 +624,10 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     return ServingCostModel(
         model_name=model.name, engine_gpus=gpus * pp, tp=tp, pp=pp, attention_dp=groups > 1,
         precision=precision, kv_dtype=kv_dtype,
-        gemm_flop_per_s=acc.gemm_flop_per_s(precision), attn_flop_per_s=acc.gemm_flop_per_s("bf16"),
+        gemm_flop_per_s=acc.gemm_flop_per_s(precision),
+        # attention runs forward only, causal: the chip's forward figure where the catalog has one
+        attn_flop_per_s=(acc.peak("bf16") * acc.attention_forward_efficiency if acc.attention_forward_efficiency
+                         else acc.gemm_flop_per_s("bf16")),
         lm_flop_per_s=acc.gemm_flop_per_s("bf16"), hbm_bytes_per_s=hbm,
         dense_weight_bytes=dense_bytes, dense_flop_per_token=dense_flop,
         expert_weight_bytes=expert_bytes, expert_flop_per_token=expert_flop,
