@@ -190,3 +190,22 @@ def test_tensor_parallel_shortens_k_and_lowers_compute_bound_gemm_efficiency():
 def test_vllm_0_6_profile_waits_on_the_cpu_and_v1_does_not():
     assert ENGINES["vllm-0.6"].cpu_overhead_fraction > 0.0 == ENGINES["vllm"].cpu_overhead_fraction
     assert not ENGINES["vllm-0.6"].chunked_prefill and not ENGINES["vllm-0.6"].mixed_batches
+
+
+def test_wave_quantization_pays_edge_tiles_and_a_partial_last_wave_but_split_k_fills_small_grids():
+    from fmsim.model.kernels import wave_efficiency
+
+    # 192 rows fill a 128-row tile and a half: 75 % of the rows computed are real, and with fewer
+    # tiles than SMs split-K keeps every SM busy, so nothing else is lost
+    assert wave_efficiency(192, 8192, 132) == pytest.approx(0.75)
+    # a full grid of 128x256 tiles on 132 SMs: 16 x 32 = 512 tiles run in 4 waves of 132 (97 %)
+    assert wave_efficiency(2048, 8192, 132) == pytest.approx(512 / (4 * 132), rel=0.1)
+    assert wave_efficiency(4096, 8192, 0) == 1.0          # no SM count, no wave model
+
+
+def test_decode_batch_of_a_tile_and_a_half_pays_for_two_tiles_of_math():
+    cat = load_catalog()
+    cm = build_cost_model(cat.model("llama3.1-70b"), cat.instance("dgx-h200"), precision="fp8", kv_dtype="fp8",
+                          tp=1, collective=None)
+    assert cm.dense_efficiency(192) < cm.dense_efficiency(256) <= cm.dense_gemm_eff
+    assert cm.dense_efficiency(192) == pytest.approx(0.75 * cm.dense_efficiency(256), rel=0.05)
