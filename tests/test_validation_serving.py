@@ -38,6 +38,6 @@ def test_serving_throughput_meets_the_issue_target_over_the_whole_set():
     assert _median(latency=False) <= 10.0, f"throughput median {_median(latency=False):.1f} %"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 5 latency target not met yet: median 17.7 % (2026-11-29)")
+@pytest.mark.xfail(strict=True, reason="issue 5 latency target not met yet: median 15.7 % (2026-11-29)")
 def test_serving_latency_meets_the_issue_target():
     assert _median(latency=True) <= 15.0
