@@ -407,3 +407,14 @@ def test_all_gather_context_parallelism_exposes_its_exchange_and_ring_hides_it()
     gathered = fmsim.estimate(scenario(**base, **{"parallelism.cp_comm": "all-gather"}))
     assert gathered.breakdown.get("comm_cp", 0.0) > ring.breakdown.get("comm_cp", 0.0)
     assert gathered.metrics["step_time_s"] > ring.metrics["step_time_s"]
+
+
+def test_without_a_pipeline_there_is_no_bubble_and_overlap_slowdown_is_data_parallel_cost():
+    # FSDP on one stage: the gathers and reduce-scatters run beside compute and slow it (SMs, clock);
+    # that time is the data-parallel communication's cost, as the analytical estimate books it
+    over = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.tp": 8,
+            "parallelism.dp": "auto", "parallelism.zero": 3, "workload.global_batch": 64}
+    des = fmsim.simulate(scenario(**over))
+    est = fmsim.estimate(scenario(**over))
+    assert des.breakdown["bubble"] == 0.0
+    assert des.breakdown["comm_dp"] > 0.0 and est.breakdown["comm_dp"] > 0.0

@@ -29,6 +29,7 @@ class Job:
     links: tuple[Hashable, ...] = ()       # network links this job's bytes cross (transfers only)
     category: str = "compute"              # breakdown bucket / trace category
     label: str = ""
+    overlap_s: float = 0.0                 # part of duration_s: compute slowed by communication beside it
 
 
 @dataclass(slots=True)

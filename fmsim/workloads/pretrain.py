@@ -10,7 +10,7 @@ step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and c
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     slow = sm * min(st.fwd_s, gathers_per_chunk * (nb - 1) / nb)
                 key = f"F{t.microbatch}.{v}"
                 jobs.append(Job(key, comp, st.fwd_s * jit + slow, tuple(after), category="forward",
-                                label=f"F mb{t.microbatch} v{v}"))
+                                label=f"F mb{t.microbatch} v{v}", overlap_s=slow))
                 task_keys.append(key)
                 if v < nv - 1:
                     nxt = (v + 1) % pp
@@ -111,7 +111,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                         # the previous bucket's reduce runs beside this part, on SMs it takes
                         slow = sm * min(part, mine[j - 1]) if j > 0 else 0.0
                         jobs.append(Job(sub, comp, part + slow, prev, category="backward",
-                                        label=f"B mb{t.microbatch} v{v}"))
+                                        label=f"B mb{t.microbatch} v{v}", overlap_s=slow))
                         rk = f"reduce{s}.{t.chunk}.{j}"
                         jobs.append(Job(rk, comm, b, (sub,), links=dp_links, category="dp",
                                         label=f"grad reduce-scatter bucket {j}"))
@@ -121,7 +121,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     # FSDP: the next gather and this micro-batch's reduce-scatter run beside it
                     slow = sm * min(st.bwd_s, gathers_per_chunk + reduce_per_chunk) if fsdp else 0.0
                     jobs.append(Job(key, comp, st.bwd_s * jit + slow, tuple(after), category="backward",
-                                    label=f"B mb{t.microbatch} v{v}"))
+                                    label=f"B mb{t.microbatch} v{v}", overlap_s=slow))
                 task_keys.append(key)
                 if fsdp and reduce_per_chunk > 0:
                     # each micro-batch's gradients are reduce-scattered as its backward ends
@@ -157,11 +157,13 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     return jobs
 
 
-def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
+def _breakdown(plan: Plan, run: RunResult, jobs: Sequence[Job] = ()) -> tuple[dict[str, float], int]:
     """Split the step, as the busiest stage sees it, into compute, exposed comm, bubble ...
 
     The busiest stage (most work per micro-batch) is the one whose idle time is pipeline bubble
-    proper; a lighter stage also waits on the busiest one, which is imbalance, not bubble."""
+    proper; a lighter stage also waits on the busiest one, which is imbalance, not bubble. Compute
+    slowed by data-parallel communication running beside it counts as data-parallel cost, as the
+    analytical estimate counts it."""
     step = run.makespan_s
     crit = max(range(plan.pp), key=lambda s: (sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
                                                   for c in range(plan.vpp)), -s))
@@ -184,6 +186,7 @@ def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
                                                        - run.end_s.get(f"opt{crit}", 0.0))
     first_fwd = run.start_s.get(f"F0.{crit}", 0.0) if crit == 0 else 0.0
     dp_exposed += first_fwd
+    dp_exposed += sum(j.overlap_s for j in jobs if j.stream == f"stage{crit}")
     out = {"compute": comp, "recompute": recompute}
     for k in ("tp", "cp", "ep"):
         if comm.get(k):
@@ -195,8 +198,12 @@ def _breakdown(plan: Plan, run: RunResult) -> tuple[dict[str, float], int]:
         dp_exposed = max(0.0, dp_exposed - straggle)
     out["comm_dp"] = dp_exposed
     out["optimizer"] = opt
-    used = sum(out.values())
-    out["bubble"] = max(0.0, step - used)
+    bubble = step - sum(out.values())
+    if plan.pp == 1 and bubble > 0:
+        # no pipeline: the one stage can only have waited on data-parallel traffic (FSDP gathers)
+        out["comm_dp"] += bubble
+        bubble = 0.0
+    out["bubble"] = bubble if bubble > 1e-9 * step else 0.0     # rounding residue is no bubble
     return out, crit
 
 
@@ -382,7 +389,7 @@ def simulate_pretrain(sc, *, trace_path: str | None = None, contention: bool = T
     plan = build_plan(sc)
     jobs = build_jobs(plan, overlap=overlap)
     run = run_jobs(jobs, link_capacities(plan), contention=contention, record=True)
-    breakdown, crit = _breakdown(plan, run)
+    breakdown, crit = _breakdown(plan, run, jobs)
     if trace_path:
         write_trace(run, trace_path, plan)
     return make_result(sc, plan, run.makespan_s, breakdown,
