@@ -1,8 +1,9 @@
 """Kernel-level facts the training and serving cost models share.
 
-Owns the bytes per element of each number format, the fixed cost of one GPU kernel, and the
-GEMM reduction-depth efficiency ``k / (k + K0)`` -- one set of figures, each with its source, so
-that a training step and a serving iteration price the same kernel the same way.
+Owns the bytes per element of each number format, the fixed cost of one GPU kernel, the GEMM
+reduction-depth efficiency ``k / (k + K0)`` and the tile/wave quantization of a GEMM's output --
+one set of figures, each with its source, so that a training step and a serving iteration price
+the same kernel the same way.
 """
 from __future__ import annotations
 
