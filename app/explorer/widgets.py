@@ -98,6 +98,31 @@ def base_scenario(source: Source, kinds: tuple[str, ...], other_page: str) -> An
     return sc
 
 
+def engine_choice(prefix: str, engines: Mapping[str, str], help: str) -> None:
+    """The sidebar's "numbers from" radio: the discrete-event simulation or the estimate."""
+    st.sidebar.subheader("Engine")
+    st.sidebar.radio("Numbers from", list(engines), key=f"{prefix}.engine", help=help)
+
+
+def chosen_engine(prefix: str, engines: Mapping[str, str]) -> str:
+    return engines[st.session_state.get(f"{prefix}.engine") or "discrete-event simulation"]
+
+
+def knob_scenario(prefix: str, source: Source, kinds: tuple[str, ...], other_page: str,
+                  knob_defaults: Any, draw_knobs: Any) -> tuple[Any, dict[str, Any]] | None:
+    """Load the base scenario, seed its knobs, draw them and keep their state; (scenario, defaults),
+    or None when the page has said why it cannot (see :func:`base_scenario`)."""
+    sc = base_scenario(source, kinds, other_page)
+    if sc is None:
+        return None
+    cat = cache.catalog()
+    defaults = knob_defaults(sc, cat)
+    seed_knobs(prefix, source, defaults)
+    draw_knobs(defaults, cat)
+    save_knobs(prefix, list(defaults))
+    return sc, defaults
+
+
 def seed_knobs(prefix: str, source: Source, defaults: Mapping[str, Any]) -> None:
     """Put the base scenario's values into the knobs' session state (see module docstring)."""
     ss = st.session_state

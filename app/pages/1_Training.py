@@ -156,11 +156,9 @@ def main() -> None:
     source = widgets.scenario_source(
         P, logic.TRAINING_KINDS, what="training", preferred="examples/llama3-70b-p5.yaml"
     )
-    st.sidebar.subheader("Engine")
-    st.sidebar.radio(
-        "Numbers from",
-        list(ENGINES),
-        key=f"{P}.engine",
+    widgets.engine_choice(
+        P,
+        ENGINES,
         help="The discrete-event simulation is what `fmsim run` reports; the analytical "
         "estimate is `fmsim run --estimate` (instant).",
     )
@@ -173,16 +171,11 @@ def main() -> None:
     if source is None:
         st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
         return
-    sc = widgets.base_scenario(source, logic.TRAINING_KINDS, "Serving")
-    if sc is None:
+    loaded = widgets.knob_scenario(P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs)
+    if loaded is None:
         return
-    cat = cache.catalog()
-    defaults = knob_defaults(sc, cat)
-    widgets.seed_knobs(P, source, defaults)
-    draw_knobs(defaults, cat)
-    widgets.save_knobs(P, list(defaults))
-
-    engine = ENGINES[st.session_state.get(f"{P}.engine") or "discrete-event simulation"]
+    sc, defaults = loaded
+    engine = widgets.chosen_engine(P, ENGINES)
     limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
     overrides = overrides_from(defaults)
     with st.spinner("Simulating…"):

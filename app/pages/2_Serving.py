@@ -227,11 +227,9 @@ def main() -> None:
     source = widgets.scenario_source(
         P, logic.SERVING_KINDS, what="serving", preferred="examples/serving-llama3.1-70b-chat-p5.yaml"
     )
-    st.sidebar.subheader("Engine")
-    st.sidebar.radio(
-        "Numbers from",
-        list(ENGINES),
-        key=f"{P}.engine",
+    widgets.engine_choice(
+        P,
+        ENGINES,
         help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
         "simulated requests); the analytical estimate is `fmsim run --estimate`.",
     )
@@ -240,15 +238,11 @@ def main() -> None:
             "Pick a bundled serving scenario or load a YAML file (`workload.kind: inference`) in the sidebar."
         )
         return
-    sc = widgets.base_scenario(source, logic.SERVING_KINDS, "Training")
-    if sc is None:
+    loaded = widgets.knob_scenario(P, source, logic.SERVING_KINDS, "Training", knob_defaults, draw_knobs)
+    if loaded is None:
         return
-    cat = cache.catalog()
-    defaults = knob_defaults(sc, cat)
-    widgets.seed_knobs(P, source, defaults)
-    draw_knobs(defaults, cat)
-    widgets.save_knobs(P, list(defaults))
-    engine = ENGINES[st.session_state.get(f"{P}.engine") or "discrete-event simulation"]
+    sc, defaults = loaded
+    engine = widgets.chosen_engine(P, ENGINES)
     overrides = overrides_from(defaults, sc)
     with st.spinner("Simulating…"):
         out = cache.serving(source.text, source.label, overrides, engine)

@@ -77,7 +77,7 @@ def main() -> None:
     if len(picked) < 2:
         st.info("Pick two or more scenarios to compare.")
         return
-    engine = ENGINES[st.session_state.get(f"{P}.engine") or "discrete-event simulation"]
+    engine = widgets.chosen_engine(P, ENGINES)
     runs, notes = [], []
     with st.spinner("Simulating…"):
         for label in picked:
