@@ -301,6 +301,16 @@ def approx_des_jobs(sc: Any, est: Any) -> int:
     return 4 * sc.parallelism.pp * vpp * m + 64 * sc.parallelism.pp
 
 
+def _wrong_kind(file: str, kind: str, what: str, other_page: str, yaml_text: str) -> Outcome:
+    """The outcome of a scenario opened on the page of another kind."""
+    return Outcome(
+        error=f"{file}: workload.kind: {kind} is not a {what} kind",
+        error_kind="KindError",
+        yaml_text=yaml_text,
+        hint=f"Open this scenario on the {other_page} page (or the Compare page).",
+    )
+
+
 def run_training(
     text: str,
     file: str,
@@ -316,12 +326,7 @@ def run_training(
         sc = whatif_scenario(text, file, _unfreeze(overrides))
         yaml_text = scenario_yaml(sc)
         if sc.workload.kind not in TRAINING_KINDS:
-            return Outcome(
-                error=f"{file}: workload.kind: {sc.workload.kind} is not a training kind",
-                error_kind="KindError",
-                yaml_text=yaml_text,
-                hint="Open this scenario on the Serving page (or the Compare page).",
-            )
+            return _wrong_kind(file, sc.workload.kind, "training", "Serving", yaml_text)
         est = fmsim.estimate(sc)
         if engine != "des":
             return Outcome(
@@ -368,12 +373,7 @@ def run_serving(
         sc = whatif_scenario(text, file, _unfreeze(overrides))
         yaml_text = scenario_yaml(sc)
         if sc.workload.kind not in SERVING_KINDS:
-            return Outcome(
-                error=f"{file}: workload.kind: {sc.workload.kind} is not a serving kind",
-                error_kind="KindError",
-                yaml_text=yaml_text,
-                hint="Open this scenario on the Training page (or the Compare page).",
-            )
+            return _wrong_kind(file, sc.workload.kind, "serving", "Training", yaml_text)
         if engine == "des":
             return Outcome(result=fmsim.simulate(sc), engine="des", yaml_text=yaml_text)
         est = fmsim.estimate(sc)
