@@ -255,7 +255,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # step's output, read and write the fp32 accumulator (TE flash_attn_fwd_out_correction);
         # the backward accumulates dQ and dK/dV over the steps in fp32 the same way
         out_elements = T * dv / t
-        c.memory_s += sh.cp * out_elements * (rf.act_bytes + 2 * 4.0) / rf.hbm_bytes_per_s
+        c.memory_s += sh.cp * out_elements * (rf.act_bytes + 2 * BYTES_PER_ELEMENT["fp32"]) / rf.hbm_bytes_per_s
         c.kernels += 2 * (sh.cp - 1)                            # the extra attention calls and merges
     return c
 
