@@ -201,6 +201,7 @@ def _write(kind: str, path: str, write: Callable[[], None]) -> None:
 
 def cmd_lint(args: argparse.Namespace) -> int:
     scenarios, errors, n_files = _load_all(args)
+    scenarios = [sc for sc in scenarios if _sections_ok(sc, errors)]
     for line in errors:
         _say_error(line)
     if n_files == 0 and not errors:
@@ -208,6 +209,21 @@ def cmd_lint(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"{len(scenarios)} of {n_files} scenario file{'s' if n_files != 1 else ''} OK")
     return EXIT_USAGE if errors else EXIT_OK
+
+
+def _sections_ok(sc: Any, errors: list[str]) -> bool:
+    """Validate the sections a kind's own simulator reads (``traffic``, ``serving``, ... of
+    ``kind: inference``), which loading keeps raw; a problem becomes one error line."""
+    if sc.workload.kind != "inference":
+        return True
+    from .workloads.inference_spec import parse_inference_spec
+
+    try:
+        parse_inference_spec(sc.extra, file=sc.file)
+    except FmsimError as exc:
+        errors.append(str(exc))
+        return False
+    return True
 
 
 def _print_result(sc: Any, res: Any) -> None:

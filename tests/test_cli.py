@@ -346,6 +346,21 @@ def test_lint_with_set_checks_the_overridden_file(capsys):
     assert code == 2 and err.startswith(f"{LLAMA}: parallelism.dp: ")
 
 
+SECTION_ERRORS = sorted((Path(__file__).parent / "malformed_sections").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SECTION_ERRORS, ids=[p.stem for p in SECTION_ERRORS])
+@pytest.mark.parametrize("command", ["lint", "run"])
+def test_errors_in_a_kinds_own_sections_are_one_located_line(command, path, capsys):
+    """``traffic``/``serving``/... are validated by the serving simulator, and ``lint`` asks it too:
+    each file starts with its ``# expect-field:`` and ``# expect-message:`` as in tests/malformed."""
+    lines = path.read_text().splitlines()
+    field, message = (line.split(":", 1)[1].strip() for line in lines[:2])
+    code, _, err = run_cli(capsys, command, path)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"{path}: {field}: ") and message in err
+
+
 def test_app_execs_streamlit_headless_on_the_given_port(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr("os.execv", lambda path, argv: calls.append(argv))

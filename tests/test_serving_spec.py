@@ -1,6 +1,7 @@
 """The kind: inference sections: parsing, defaults, located errors and seeded length sampling."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -129,3 +130,64 @@ def test_lognormal_mean_parameter_is_the_arithmetic_mean():
     x = d.sample(np.random.default_rng(1), 200_000)
     assert x.mean() == pytest.approx(300, rel=0.02)
     assert d.expected() == pytest.approx(300)
+
+
+@pytest.mark.parametrize("dist", [
+    LengthDist(kind="lognormal", median=168, sigma=1.0, min=4, max=1024, outside="redraw"),
+    LengthDist(kind="lognormal", median=118, sigma=1.06, min=4, outside="redraw"),
+    LengthDist(kind="normal", mean=100, stdev=80, min=20, max=150, outside="redraw"),
+    LengthDist(kind="uniform", low=1, high=400, min=100, max=300, outside="redraw"),
+], ids=["lognormal-window", "lognormal-floor", "normal", "uniform"])
+def test_redraw_truncates_instead_of_piling_up_at_the_bounds(dist):
+    x = dist.sample(np.random.default_rng(3), 400_000)
+    assert (x >= dist.min).all() and (not dist.max or (x <= dist.max).all())
+    # a clip would put the whole tail on the bound; a truncated distribution keeps it thin there
+    clipped = dataclasses.replace(dist, outside="clip").sample(np.random.default_rng(3), 400_000)
+    bound = dist.max or dist.min
+    assert (x == bound).mean() < (clipped == bound).mean()
+    # the analytical estimate's mean is the truncated distribution's mean
+    assert dist.expected() == pytest.approx(x.mean(), rel=0.01)
+
+
+def test_redraw_of_a_length_that_can_never_fall_inside_is_refused():
+    with pytest.raises(ConfigError, match="outside: redraw can never draw"):
+        parse_length({"dist": "fixed", "value": 5, "min": 10, "outside": "redraw"}, file="s.yaml",
+                     where="traffic.output_len")
+    with pytest.raises(ConfigError, match="traffic.output_len.outside"):
+        parse_length({"dist": "fixed", "value": 5, "outside": "drop"}, file="s.yaml", where="traffic.output_len")
+    far = LengthDist(kind="lognormal", median=10, sigma=0.1, min=10_000, outside="redraw")
+    with pytest.raises(ConfigError, match="almost no draws"):
+        far.sample(np.random.default_rng(0), 10)
+
+
+def _sharegpt_scenario(**traffic):
+    base = {"arrival": "offline", "requests": 3000,
+            "prompt_len": {"dist": "lognormal", "median": 168, "sigma": 1.0, "min": 4, "max": 1024,
+                           "outside": "redraw"},
+            "output_len": {"dist": "lognormal", "median": 118, "sigma": 1.06, "min": 4, "outside": "redraw"}}
+    base.update(traffic)
+    return {"version": 1, "name": "sharegpt", "workload": {"kind": "inference", "model": "llama3.1-8b"},
+            "parallelism": {"tp": 1}, "cluster": {"instance": "p5.48xlarge", "nodes": 1}, "traffic": base}
+
+
+def _drawn(data):
+    from fmsim.scenario import scenario_from_mapping
+    from fmsim.workloads.inference import _Simulation, plan_from_scenario
+
+    sim = _Simulation(plan_from_scenario(scenario_from_mapping(data)))
+    return sim.prompts, sim.outs
+
+
+def test_max_total_len_redraws_requests_like_the_benchmark_filter():
+    prompts, outs = _drawn(_sharegpt_scenario(max_total_len=2048))
+    assert (prompts + outs.max(axis=(1, 2)) <= 2048).all()
+    assert (prompts <= 1024).all() and (prompts >= 4).all() and (outs >= 4).all()
+    # without the cap the same distributions do draw longer requests
+    prompts, outs = _drawn(_sharegpt_scenario())
+    assert (prompts + outs.max(axis=(1, 2)) > 2048).any()
+
+
+def test_max_total_len_below_the_shortest_request_names_the_field():
+    with pytest.raises(ConfigError, match="no request fits") as exc:
+        parse_traffic(_sharegpt_scenario(max_total_len=6)["traffic"], "s.yaml")
+    assert exc.value.field == "traffic.max_total_len"

@@ -34,7 +34,7 @@ from ..model.serving_cost import (
     transfer_time,
 )
 from ..results import Result
-from .inference_spec import InferenceSpec, parse_inference_spec
+from .inference_spec import REDRAW_ROUNDS, InferenceSpec, parse_inference_spec
 
 PERCENTILES = (50, 90, 99)
 
@@ -284,18 +284,43 @@ class _Simulation:
 
     # -- traffic ------------------------------------------------------------------------------
     def _draw_lengths(self) -> None:
-        tr, ttc = self.spec.traffic, self.spec.ttc
+        tr = self.spec.traffic
         n = tr.num_requests if tr.num_requests < 10 ** 8 else self._n_for_duration()
         self.n_questions = n
-        rng = self.rng
-        self.prompts = tr.prompt_len.sample(rng, n)
-        rounds = ttc.revision_rounds
-        outs = tr.output_len.sample(rng, n * rounds * ttc.samples).reshape(n, rounds, ttc.samples)
-        if ttc.thinking_len is not None:
-            think = ttc.thinking_len.sample(rng, n * rounds * ttc.samples).reshape(outs.shape)
-            outs = outs + np.minimum(think, ttc.thinking_budget)
-        self.outs = outs
+        self.prompts, self.outs = self._questions(n)
+        if tr.max_total_len:
+            # a benchmark's dataset filter drops requests whose prompt + output is too long; draw
+            # those questions again (vLLM / SGLang bench_serving ShareGPT: prompt + output <= 2048)
+            bad = np.flatnonzero(self.prompts + self.outs.max(axis=(1, 2)) > tr.max_total_len)
+            for _ in range(REDRAW_ROUNDS):
+                if not bad.size:
+                    break
+                p, o = self._questions(bad.size)
+                self.prompts[bad], self.outs[bad] = p, o
+                bad = bad[self.prompts[bad] + self.outs[bad].max(axis=(1, 2)) > tr.max_total_len]
+            if bad.size:
+                raise ConfigError(f"almost no drawn request fits max_total_len {tr.max_total_len}",
+                                  file=self.plan.file, field="traffic.max_total_len")
         self.arrivals = self._arrival_times(n)
+
+    def _questions(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt lengths (n,) and output lengths (n, rounds, samples) of ``n`` questions."""
+        tr, ttc, rng = self.spec.traffic, self.spec.ttc, self.rng
+        shape = (n, ttc.revision_rounds, ttc.samples)
+        fields = ("traffic.prompt_len", "traffic.output_len", "test_time_compute.thinking.length")
+        dists = (tr.prompt_len, tr.output_len, ttc.thinking_len)
+        drawn = []
+        for where, dist, size in zip(fields, dists, (n, math.prod(shape), math.prod(shape)), strict=True):
+            if dist is None:
+                continue
+            try:
+                drawn.append(dist.sample(rng, size))
+            except ConfigError as exc:
+                raise ConfigError(exc.message, file=self.plan.file, field=where) from None
+        prompts, outs = drawn[0], drawn[1].reshape(shape)
+        if len(drawn) > 2:
+            outs = outs + np.minimum(drawn[2].reshape(shape), ttc.thinking_budget)
+        return prompts, outs
 
     def _n_for_duration(self) -> int:
         tr = self.spec.traffic

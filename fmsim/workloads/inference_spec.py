@@ -33,7 +33,7 @@ SLO_METRICS = ("ttft", "tpot", "itl", "e2e", "question_latency")
 SLO_STATS = ("p50", "p90", "p95", "p99", "mean")
 
 TRAFFIC_KEYS = ("arrival", "rate", "burstiness", "concurrency", "requests", "duration", "horizon",
-                "prompt_len", "output_len", "think_time", "cached_prefix_len")
+                "prompt_len", "output_len", "max_total_len", "think_time", "cached_prefix_len")
 SERVING_KEYS = ("engine", "replicas", "max_seqs", "max_batch_tokens", "chunked_prefill", "mixed_batches",
                 "prefix_caching", "kv_block_size", "memory_fraction", "kv_cache_dtype", "admission",
                 "attention_dp", "router", "disaggregation")
@@ -42,7 +42,9 @@ TTC_KEYS = ("samples", "strategy", "revision_rounds", "thinking", "verifier")
 THINKING_KEYS = ("budget", "length")
 VERIFIER_KEYS = ("model", "precision", "tp", "replicas", "output_len", "engine")
 LENGTH_KEYS = ("dist", "value", "low", "high", "mean", "median", "sigma", "stdev", "file", "column",
-               "min", "max")
+               "min", "max", "outside")
+OUTSIDE = ("clip", "redraw")
+REDRAW_ROUNDS = 200   # redraws of out-of-window lengths before a window is called (nearly) empty
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,7 +173,9 @@ class LengthDist:
     ``fixed`` (``value``), ``uniform`` (``low``..``high`` inclusive), ``normal`` (``mean``,
     ``stdev``), ``lognormal`` (``median`` or arithmetic ``mean``, log-space ``sigma``) or
     ``empirical`` (``values`` read from a CSV column, drawn with replacement). Every sample is
-    rounded and clipped to ``[min, max]`` (``max`` 0 = no upper clip).
+    rounded; one outside ``[min, max]`` (``max`` 0 = no upper bound) is clipped to the bound
+    (``outside: clip``) or drawn again (``outside: redraw``: the distribution truncated to the
+    window, as a benchmark's dataset filter drops the requests outside its limits).
     """
 
     kind: str = "fixed"
@@ -185,9 +189,11 @@ class LengthDist:
     values: tuple[int, ...] = ()
     min: int = 1
     max: int = 0
+    outside: str = "clip"
 
     def __post_init__(self) -> None:
         assert self.kind in LENGTH_KINDS, self.kind
+        assert self.outside in OUTSIDE, self.outside
 
     @property
     def _mu(self) -> float:
@@ -195,8 +201,7 @@ class LengthDist:
             return math.log(self.median)
         return math.log(self.mean) - self.sigma ** 2 / 2.0
 
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` integer lengths (int64)."""
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if self.kind == "fixed":
             x = np.full(n, float(self.value))
         elif self.kind == "uniform":
@@ -207,7 +212,26 @@ class LengthDist:
             x = rng.lognormal(self._mu, self.sigma, size=n)
         else:
             x = rng.choice(np.asarray(self.values, dtype=float), size=n, replace=True)
-        x = np.maximum(np.rint(x), self.min)
+        return np.rint(x)
+
+    def _outside(self, x: np.ndarray) -> np.ndarray:
+        bad = x < self.min
+        return bad | (x > self.max) if self.max else bad
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` integer lengths (int64)."""
+        x = self._draw(rng, n)
+        if self.outside == "redraw":
+            bad = np.flatnonzero(self._outside(x))
+            for _ in range(REDRAW_ROUNDS):
+                if not bad.size:
+                    break
+                x[bad] = self._draw(rng, bad.size)
+                bad = bad[self._outside(x[bad])]
+            if bad.size:
+                raise ConfigError(f"almost no draws of this {self.kind} length fall inside "
+                                  f"[{self.min}, {self.max or 'inf'}] (outside: redraw)")
+        x = np.maximum(x, self.min)
         if self.max:
             x = np.minimum(x, self.max)
         return x.astype(np.int64)
@@ -227,7 +251,10 @@ class LengthDist:
         return min(v, float(self.max)) if self.max else v
 
     def expected(self) -> float:
-        """Mean of the distribution before clipping (used by the analytical estimate)."""
+        """Mean of the distribution as sampled (used by the analytical estimate): before clipping,
+        or of the truncated distribution with ``outside: redraw``."""
+        if self.outside == "redraw" and self.kind in ("normal", "lognormal", "empirical", "uniform"):
+            return self._truncated_mean()
         if self.kind == "fixed":
             v = float(self.value)
         elif self.kind == "uniform":
@@ -240,6 +267,43 @@ class LengthDist:
             v = float(np.mean(self.values))
         v = max(v, float(self.min))
         return min(v, float(self.max)) if self.max else v
+
+    def _truncated_mean(self) -> float:
+        lo, hi = self.min - 0.5, (self.max + 0.5 if self.max else math.inf)   # rounding to whole tokens
+        if self.kind == "uniform":
+            a, b = max(self.low, self.min), min(self.high, self.max) if self.max else self.high
+            return (a + b) / 2.0 if a <= b else float(self.min)
+        if self.kind == "empirical":
+            v = np.asarray(self.values, dtype=float)
+            inside = v[~self._outside(v)]
+            return float(inside.mean()) if inside.size else float(self.min)
+        # normal, or lognormal as a normal in log space: E[X | lo < X < hi] (Johnson, Kotz and
+        # Balakrishnan, "Continuous Univariate Distributions" vol. 1, truncated normal and lognormal)
+        if self.kind == "normal":
+            m, sd = self.mean, self.stdev
+            if sd <= 0:
+                return min(max(m, self.min), self.max or m)
+            a, b = (lo - m) / sd, (hi - m) / sd
+            z = _phi_cdf(b) - _phi_cdf(a)
+            return m + sd * (_phi_pdf(a) - _phi_pdf(b)) / z if z > 0 else float(self.min)
+        mu, s = self._mu, self.sigma
+        if s <= 0:
+            v = math.exp(mu)
+            return min(max(v, self.min), self.max or v)
+        a = (math.log(lo) - mu) / s if lo > 0 else -math.inf
+        b = (math.log(hi) - mu) / s
+        z = _phi_cdf(b) - _phi_cdf(a)
+        if z <= 0:
+            return float(self.min)
+        return math.exp(mu + s * s / 2.0) * (_phi_cdf(b - s) - _phi_cdf(a - s)) / z
+
+
+def _phi_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0)) if math.isfinite(x) else (1.0 if x > 0 else 0.0)
+
+
+def _phi_pdf(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) if math.isfinite(x) else 0.0
 
 
 def fixed_length(n: int) -> LengthDist:
@@ -262,10 +326,15 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     hi = s.integer("max", 0, minimum=0)
     if hi and hi < lo:
         raise s.err("max", f"{hi} is below min {lo}")
+    outside = s.choice("outside", OUTSIDE, "clip")
+    bounds: dict[str, Any] = {"min": lo, "max": hi, "outside": outside}
     if kind == "fixed":
         if not s.has("value"):
             raise s.err("value", "is required for dist: fixed")
-        return LengthDist(kind=kind, value=s.integer("value"), min=lo, max=hi)
+        value = s.integer("value")
+        if outside == "redraw" and (value < lo or (hi and value > hi)):
+            raise s.err("value", f"{value} is outside [min, max], so outside: redraw can never draw it")
+        return LengthDist(kind=kind, value=value, **bounds)
     if kind == "uniform":
         for k in ("low", "high"):
             if not s.has(k):
@@ -273,12 +342,14 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
         low, high = s.integer("low"), s.integer("high")
         if high < low:
             raise s.err("high", f"{high} is below low {low}")
-        return LengthDist(kind=kind, low=low, high=high, min=lo, max=hi)
+        if outside == "redraw" and (high < lo or (hi and low > hi)):
+            raise s.err("low", f"{low}..{high} does not meet [min, max], so outside: redraw can never draw")
+        return LengthDist(kind=kind, low=low, high=high, **bounds)
     if kind == "normal":
         if not s.has("mean"):
             raise s.err("mean", "is required for dist: normal")
         return LengthDist(kind=kind, mean=s.number("mean", low=0, low_open=True),
-                          stdev=s.number("stdev", 0.0, low=0), min=lo, max=hi)
+                          stdev=s.number("stdev", 0.0, low=0), **bounds)
     if kind == "lognormal":
         if s.has("mean") == s.has("median"):
             raise s.err("median", "give exactly one of median or mean for dist: lognormal")
@@ -286,7 +357,7 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
             raise s.err("sigma", "is required for dist: lognormal (standard deviation of log length)")
         return LengthDist(kind=kind, mean=s.number("mean", 0.0, low=0, low_open=True),
                           median=s.number("median", 0.0, low=0, low_open=True),
-                          sigma=s.number("sigma", low=0), min=lo, max=hi)
+                          sigma=s.number("sigma", low=0), **bounds)
     # empirical
     if not s.has("file"):
         raise s.err("file", "is required for dist: empirical (a CSV file of lengths)")
@@ -295,7 +366,10 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
         path = Path(file).parent / path
     column = s.raw("column")
     values = _read_lengths(path, column, s)
-    return LengthDist(kind=kind, values=values, min=lo, max=hi)
+    d = LengthDist(kind=kind, values=values, **bounds)
+    if outside == "redraw" and d._outside(np.asarray(values, dtype=float)).all():
+        raise s.err("file", "has no length inside [min, max], so outside: redraw can never draw one")
+    return d
 
 
 def _read_lengths(path: Path, column: Any, s: _Section) -> tuple[int, ...]:
@@ -365,6 +439,7 @@ class TrafficSpec:
     think_time_s: float = 0.0
     prompt_len: LengthDist = field(default_factory=lambda: fixed_length(1000))
     output_len: LengthDist = field(default_factory=lambda: fixed_length(1000))
+    max_total_len: int = 0          # > 0: a request whose prompt + output exceeds it is drawn again
     cached_prefix_len: int = 0
 
     def __post_init__(self) -> None:
@@ -487,10 +562,15 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
     prompt = parse_length(s.raw("prompt_len", 1000), file=file, where="traffic.prompt_len")
     output = parse_length(s.raw("output_len", 1000), file=file, where="traffic.output_len")
     cached = s.integer("cached_prefix_len", 0, minimum=0)
+    max_total = s.integer("max_total_len", 0, minimum=0)
+    if max_total and max_total < prompt.min + output.min:
+        raise s.err("max_total_len", f"{max_total} is below prompt_len min + output_len min "
+                                     f"({prompt.min + output.min}), so no request fits")
     return TrafficSpec(arrival=arrival, rate_per_s=rate if rate is not None else math.inf,
                        burstiness=burst, concurrency=concurrency, num_requests=n, duration_s=duration,
                        horizon_s=horizon, think_time_s=s.parsed("think_time", parse_time, 0.0),
-                       prompt_len=prompt, output_len=output, cached_prefix_len=cached)
+                       prompt_len=prompt, output_len=output, max_total_len=max_total,
+                       cached_prefix_len=cached)
 
 
 def parse_serving(data: Any, file: str | None) -> ServingSpec:
