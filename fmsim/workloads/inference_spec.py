@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,7 @@ VERIFIER_KEYS = ("model", "precision", "tp", "replicas", "output_len", "engine")
 LENGTH_KEYS = ("dist", "value", "low", "high", "mean", "median", "sigma", "stdev", "file", "column",
                "min", "max", "outside")
 OUTSIDE = ("clip", "redraw")
+_STD_NORMAL = NormalDist()
 REDRAW_ROUNDS = 200   # redraws of out-of-window lengths before a window is called (nearly) empty
 
 
@@ -284,26 +286,18 @@ class LengthDist:
             if sd <= 0:
                 return min(max(m, self.min), self.max or m)
             a, b = (lo - m) / sd, (hi - m) / sd
-            z = _phi_cdf(b) - _phi_cdf(a)
-            return m + sd * (_phi_pdf(a) - _phi_pdf(b)) / z if z > 0 else float(self.min)
+            z = _STD_NORMAL.cdf(b) - _STD_NORMAL.cdf(a)
+            return m + sd * (_STD_NORMAL.pdf(a) - _STD_NORMAL.pdf(b)) / z if z > 0 else float(self.min)
         mu, s = self._mu, self.sigma
         if s <= 0:
             v = math.exp(mu)
             return min(max(v, self.min), self.max or v)
         a = (math.log(lo) - mu) / s if lo > 0 else -math.inf
         b = (math.log(hi) - mu) / s
-        z = _phi_cdf(b) - _phi_cdf(a)
+        z = _STD_NORMAL.cdf(b) - _STD_NORMAL.cdf(a)
         if z <= 0:
             return float(self.min)
-        return math.exp(mu + s * s / 2.0) * (_phi_cdf(b - s) - _phi_cdf(a - s)) / z
-
-
-def _phi_cdf(x: float) -> float:
-    return 0.5 * math.erfc(-x / math.sqrt(2.0)) if math.isfinite(x) else (1.0 if x > 0 else 0.0)
-
-
-def _phi_pdf(x: float) -> float:
-    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi) if math.isfinite(x) else 0.0
+        return math.exp(mu + s * s / 2.0) * (_STD_NORMAL.cdf(b - s) - _STD_NORMAL.cdf(a - s)) / z
 
 
 def fixed_length(n: int) -> LengthDist:
