@@ -418,3 +418,46 @@ def test_without_a_pipeline_there_is_no_bubble_and_overlap_slowdown_is_data_para
     est = fmsim.estimate(scenario(**over))
     assert des.breakdown["bubble"] == 0.0
     assert des.breakdown["comm_dp"] > 0.0 and est.breakdown["comm_dp"] > 0.0
+
+
+# -- LoRA fine-tuning ---------------------------------------------------------------------------
+
+LORA = ROOT / "scenarios" / "validation" / "training" / "mlpv40-lora-01.yaml"
+
+
+def lora(**overrides):
+    return fmsim.load_scenario(LORA, overrides=overrides)
+
+
+def test_lora_backward_skips_the_frozen_weight_gradients_but_trains_the_adapters_fully():
+    from fmsim.model.ops import Roofline, Shard, backward_of, dense_mlp_forward
+
+    model = lora().workload.model
+    acc = fmsim.load_catalog().instance("p5.48xlarge").accelerator
+    rf = Roofline.of(acc, "bf16")
+    base = dense_mlp_forward(model, model.ffn_hidden, Shard(micro_batch=1, seq_len=4096), rf)
+    adapted = dense_mlp_forward(model, model.ffn_hidden, Shard(micro_batch=1, seq_len=4096, lora_rank=16), rf)
+    assert base.adapter_s == 0.0 and adapted.adapter_s > 0.0
+    assert adapted.gemm_s == pytest.approx(base.gemm_s)           # the frozen GEMMs are unchanged
+    bwd = backward_of(adapted, frozen_weights=True)
+    assert bwd.gemm_s == pytest.approx(adapted.gemm_s)            # data gradient only
+    assert bwd.adapter_s == pytest.approx(2 * adapted.adapter_s)  # data and weight gradients
+    attention_only = dense_mlp_forward(model, model.ffn_hidden,
+                                       Shard(micro_batch=1, seq_len=4096, lora_rank=16, lora_modules="attention"), rf)
+    assert attention_only.adapter_s == 0.0
+
+
+def test_lora_adapters_cost_time_that_grows_with_rank_and_with_the_layers_adapted():
+    step = {}
+    for rank, modules in ((16, "attention"), (16, "all"), (256, "all")):
+        step[rank, modules] = fmsim.estimate(lora(**{"workload.lora.rank": rank,
+                                                     "workload.lora.modules": modules})).metrics["step_time_s"]
+    assert step[16, "attention"] < step[16, "all"] < step[256, "all"]
+
+
+def test_lora_reduces_and_stores_only_the_adapters():
+    adapted = build_plan(lora())
+    full = build_plan(lora(**{"workload.lora": None}))
+    assert sum(adapted.dp_buckets[0]) < 0.01 * sum(full.dp_buckets[0])
+    assert adapted.memory[0].optimizer < 0.01 * full.memory[0].optimizer
+    assert adapted.memory[0].gradients < 0.01 * full.memory[0].gradients

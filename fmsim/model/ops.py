@@ -49,6 +49,8 @@ class Shard:
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
     ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
+    lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
+    lora_modules: str = "all"        # all | attention
 
     @property
     def tokens(self) -> float:
@@ -81,10 +83,11 @@ class PassCost:
     flops: float = 0.0
     comms: list[CommRequest] = field(default_factory=list)
     kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
+    adapter_s: float = 0.0           # LoRA adapter GEMMs and adds (trainable: full backward even when the base is frozen)
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s + self.kernels * KERNEL_FIXED_S
+        return self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.kernels * KERNEL_FIXED_S
 
     def add(self, other: PassCost, times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
@@ -92,6 +95,7 @@ class PassCost:
         self.memory_s += other.memory_s * times
         self.flops += other.flops * times
         self.kernels += other.kernels * times
+        self.adapter_s += other.adapter_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
 
@@ -174,6 +178,22 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
         cost.kernels += 1
 
 
+def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: float) -> None:
+    """LoRA adapter beside a frozen (m×k)·(k×n) GEMM: h = x·A·B added to the base output (Hu et al.
+    2021, eq. 3), A k×r and B r×n, in 16-bit (the low-precision recipes leave adapters out). Two thin
+    GEMMs, each bound by its HBM traffic -- reading x, writing the m×n update -- and the add (read
+    both outputs, write the sum). The adapters train, so their backward is the full 2x (data and weight
+    gradients) even when the base GEMM's is only its data gradient. The adapter sits on every rank of
+    a TP group over the same rows as its base GEMM; the small collectives of its rank-r activations are
+    not costed."""
+    if not sh.lora_rank:
+        return
+    r16 = rf.at_16bit()
+    r = sh.lora_rank
+    cost.adapter_s += r16.gemm(m, r, k)[0] + r16.gemm(m, n, r)[0] + 3 * m * n * rf.act_bytes / rf.hbm_bytes_per_s
+    cost.kernels += 3
+
+
 def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float = 0.0,
                      gemm_out_s: float = 0.0) -> None:
     """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
@@ -205,9 +225,13 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             _gemm(c, rf, T, dqk / t, h)
         _gemm(c, rf, T, m.kv_lora_rank + m.qk_rope_dim, h)
         _gemm(c, rf, T, model.heads * (m.qk_nope_dim + m.v_head_dim) / t, m.kv_lora_rank)
+        # adapters as ModelSpec.lora_params counts them: query and compressed key/value projections
+        _adapter(c, rf, sh, T, dqk / t, h)
+        _adapter(c, rf, sh, T, m.kv_lora_rank + m.qk_rope_dim, h)
     else:
         kv_width = 2 * model.kv_heads * model.head_dim
         _gemm(c, rf, T, (dqk + kv_width) / t, h)
+        _adapter(c, rf, sh, T, (dqk + kv_width) / t, h)
     qkv_s = c.gemm_s
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
     # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
@@ -228,6 +252,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     before = c.gemm_s
     _gemm(c, rf, T, h, dv / t)
     proj_s = c.gemm_s - before
+    _adapter(c, rf, sh, T, h, dv / t)
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
@@ -269,6 +294,9 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     fc1_s = c.gemm_s
     _gemm(c, rf, T, h, ffn / t)
     fc2_s = c.gemm_s - fc1_s
+    if sh.lora_modules == "all":
+        _adapter(c, rf, sh, T, up / t, h)
+        _adapter(c, rf, sh, T, h, ffn / t)
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
     c.kernels += 3                                              # norm, activation, residual
@@ -302,6 +330,9 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
         _gemm(c, rf, tokens_in, sw * (2 if model.gated else 1) / etp, h)
         _gemm(c, rf, tokens_in, h, sw / etp)
+        if sh.lora_modules == "all":                             # routed experts are not adapted
+            _adapter(c, rf, sh, tokens_in, sw * (2 if model.gated else 1) / etp, h)
+            _adapter(c, rf, sh, tokens_in, h, sw / etp)
     # norm and residual on the SP shard; activation; permute/unpermute copies of the routed rows
     c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
     c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
@@ -368,6 +399,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
+                    adapter_s=fwd.adapter_s * GEMM_BWD_FACTOR,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,
                     comms=comms)

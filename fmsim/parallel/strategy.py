@@ -339,7 +339,8 @@ def build_plan(sc) -> Plan:
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
                   attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
-                  ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm)
+                  ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm,
+                  lora_rank=w.lora_rank, lora_modules=w.lora_modules)
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
