@@ -382,3 +382,50 @@ def test_b200_low_precision_gemm_efficiencies_re_derive_from_the_recorded_trtllm
     assert {p: len(v) for p, v in derived.items()} == {"bf16": 32, "fp8": 32, "fp4": 32}
     for p, values in derived.items():
         assert statistics.median(values) == pytest.approx(acc.gemm_efficiency[p], abs=0.01), p
+
+
+def test_training_attention_efficiencies_re_derive_from_nvidia_long_sequence_tables():
+    """The catalog's H100 and B200 training attention figures are what NVIDIA's long-sequence pre-training
+    tables say once read back through the model: for each attention-bound row (128K tokens and longer) the
+    attention efficiency at which the estimated model TFLOP/s per GPU equals the published one, median per chip."""
+    import csv
+    import dataclasses
+    import statistics
+
+    from scipy.optimize import brentq
+
+    import fmsim
+    from fmsim.scenario import scenario_from_mapping
+
+    cat = load_catalog()
+    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "nemo_long_sequence.csv"
+    rows = [r for r in csv.DictReader(line for line in path.open() if not line.startswith("#"))]
+    derived: dict[str, list[float]] = {}
+    for r in rows:
+        if int(r["seq_len"]) < 131072:
+            continue
+        tp = int(r["tp"])
+        mapping = {
+            "version": 1, "name": "long-sequence",
+            "workload": {"kind": "pretrain", "model": r["model"], "precision": "fp8", "seq_len": int(r["seq_len"]),
+                         "global_batch": int(r["global_batch"]), "micro_batch": 1},
+            "parallelism": {"tp": tp, "pp": int(r["pp"]), "dp": int(r["dp"]), "cp": int(r["cp"]),
+                            "sequence_parallel": tp > 1, "recompute": "none", "zero": 1,
+                            "grad_reduce_precision": "bf16"},
+            "cluster": {"instance": r["instance"], "gpus": int(r["gpus"])},
+        }
+        inst = cat.instance(r["instance"])
+
+        def gap(eff: float, r=r, inst=inst, mapping=mapping) -> float:
+            acc = dataclasses.replace(inst.accelerator, attention_efficiency=eff)
+            trial = dataclasses.replace(cat, instances={**cat.instances,
+                                                        r["instance"]: dataclasses.replace(inst, accelerator=acc)})
+            sc = scenario_from_mapping(mapping, catalog=trial)
+            return fmsim.estimate(sc).metrics["model_tflops_per_gpu"] - float(r["model_tflops_per_gpu"])
+
+        derived.setdefault(r["instance"], []).append(brentq(gap, 0.1, 1.0, xtol=1e-4))
+    assert {k: len(v) for k, v in derived.items()} == {"dgx-h100": 4, "dgx-b200": 4}
+    for name, values in derived.items():
+        acc = cat.instance(name).accelerator
+        assert statistics.median(values) == pytest.approx(acc.attention_efficiency, abs=0.01), name
+    assert cat.accelerator("h200").attention_efficiency == cat.accelerator("h100-sxm").attention_efficiency
