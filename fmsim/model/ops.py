@@ -190,7 +190,7 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
         return
     r16 = rf.at_16bit()
     r = sh.lora_rank
-    cost.adapter_s += r16.gemm(m, r, k)[0] + r16.gemm(m, n, r)[0] + 3 * m * n * rf.act_bytes / rf.hbm_bytes_per_s
+    cost.adapter_s += r16.gemm(m, r, k)[0] + r16.gemm(m, n, r)[0] + rf.memory(3 * m * n)
     cost.kernels += 3
 
 
@@ -388,7 +388,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     collective names as its ``backward``.
 
     With ``frozen_weights`` (LoRA: the base weights get no gradient) the GEMMs compute only the
-    data gradient, 1 × forward (Hu et al. 2021 §4.2; the rank-r adapters add r/h of that)."""
+    data gradient, 1 × forward (Hu et al. 2021 §4.2); the adapters, which train, keep their 2 ×."""
     gemm_factor = 1.0 if frozen_weights else GEMM_BWD_FACTOR
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
     comms = []
