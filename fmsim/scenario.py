@@ -110,7 +110,7 @@ WORKLOAD_KEYS = (
 LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
-GRAD_REDUCE_PRECISIONS = ("fp32", "bf16")
+GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 CP_COMMS = ("ring", "all-gather")
 EP_DISPATCHES = ("alltoall", "deepep")
 PARALLELISM_KEYS = (
@@ -181,7 +181,8 @@ class Parallelism:
     zero: int = 0
     # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
-    # Megatron-Bridge's performance recipes set it)
+    # Megatron-Bridge's performance recipes set it); fp16 runs keep fp16 gradients unless told
+    # otherwise (the default below follows workload.precision)
     grad_reduce_precision: str = "fp32"
     # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
     # all-gather (gathered before attention, on the critical path: Llama 3)
@@ -1001,6 +1002,15 @@ def _storage(cl: _Section, catalog: Catalog) -> dict[str, Any] | None:
     return out
 
 
+def default_grad_reduce_precision(precision: str) -> str:
+    """Gradient reduction dtype when the scenario does not say: Megatron-LM accumulates and reduces
+    gradients in the parameters' dtype unless ``--accumulate-allreduce-grads-in-fp32``, which it forces
+    for bf16 ("bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
+    megatron/training/arguments.py); fp8/fp4 recipes keep bf16 parameters, so fp32 too. An fp16 run
+    (Megatron-LM ``--fp16``, DeepSpeed fp16) reduces fp16 gradients."""
+    return "fp16" if precision == "fp16" else "fp32"
+
+
 def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: Cluster) -> Parallelism:
     ps = top.section("parallelism", PARALLELISM_KEYS)
     if ps is None:
@@ -1147,7 +1157,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         sequence_parallel=ps.boolean("sequence_parallel", False),
         recompute=ps.choice("recompute", RECOMPUTE, "none"),
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
-        grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS, "fp32"),
+        grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
+                                        default_grad_reduce_precision(workload.precision)),
         cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,

@@ -383,7 +383,17 @@ def test_bf16_gradient_reduction_halves_the_bucket_bytes_and_the_gradient_buffer
     assert bf16.memory[0].gradients == pytest.approx(fp32.memory[0].gradients / 2)
     assert sum(bf16.dp_buckets[0]) < sum(fp32.dp_buckets[0])
     with pytest.raises(fmsim.errors.ConfigError, match="grad_reduce_precision"):
-        scenario(**{"parallelism.grad_reduce_precision": "fp16"})
+        scenario(**{"parallelism.grad_reduce_precision": "fp8"})
+
+
+def test_fp16_runs_reduce_fp16_gradients_unless_told_otherwise():
+    base = {"parallelism.zero": 1}
+    fp16 = scenario(**base, **{"workload.precision": "fp16"})
+    assert fp16.parallelism.grad_reduce_precision == "fp16"
+    assert scenario(**base).parallelism.grad_reduce_precision == "fp32"       # bf16: Megatron forces fp32
+    told = scenario(**base, **{"workload.precision": "fp16", "parallelism.grad_reduce_precision": "fp32"})
+    assert told.parallelism.grad_reduce_precision == "fp32"
+    assert sum(build_plan(fp16).dp_buckets[0]) < sum(build_plan(told).dp_buckets[0])
 
 
 def test_an_overlapped_tp_collective_hides_only_behind_its_own_gemm():
