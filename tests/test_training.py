@@ -471,3 +471,25 @@ def test_lora_reduces_and_stores_only_the_adapters():
     assert sum(adapted.dp_buckets[0]) < 0.01 * sum(full.dp_buckets[0])
     assert adapted.memory[0].optimizer < 0.01 * full.memory[0].optimizer
     assert adapted.memory[0].gradients < 0.01 * full.memory[0].gradients
+
+
+def test_kv_heads_are_replicated_when_tp_exceeds_them():
+    """Past tp = kv_heads a rank still projects and holds one whole K/V head (NeuronX Distributed's
+    kv_replicator, vLLM's replication): the K/V work per rank stops shrinking with tp."""
+    from fmsim.model.ops import Shard, attention_forward
+    from fmsim.parallel.strategy import Roofline
+
+    cat = fmsim.load_catalog()
+    m, acc = cat.model("llama3-8b"), cat.accelerator("h100-sxm")           # 8 K/V heads
+    assert (m.kv_heads_per_rank(4), m.kv_heads_per_rank(8), m.kv_heads_per_rank(32)) == (2, 1, 1)
+    assert m.replicated_kv_params(8) == 0
+    assert m.replicated_kv_params(32) == pytest.approx(2 * m.hidden * m.head_dim * (1 - 8 / 32))
+    rf = Roofline.of(acc, "bf16")
+    flops = {t: attention_forward(m, Shard(micro_batch=1, seq_len=4096, tp=t), rf).flops for t in (8, 16, 32)}
+    q_and_core = {t: flops[t] - 2 * 4096 * m.hidden * 2 * m.head_dim for t in flops}   # minus one K/V head's GEMM
+    # beyond tp = 8 only the query, output and attention-core work keep halving
+    assert q_and_core[16] == pytest.approx(q_and_core[8] / 2, rel=1e-9)
+    assert q_and_core[32] == pytest.approx(q_and_core[16] / 2, rel=1e-9)
+    wide = scenario(**{"parallelism.tp": 16, "parallelism.sequence_parallel": True})
+    narrow = scenario(**{"parallelism.tp": 8, "parallelism.sequence_parallel": True})
+    assert build_plan(wide).memory[0].weights > build_plan(narrow).memory[0].weights / 2

@@ -133,6 +133,21 @@ class ModelSpec:
         b = (self.heads + 2 * self.kv_heads) * self.head_dim + h if self.bias else 0
         return q + kv + o + b
 
+    def kv_heads_per_rank(self, tp: int) -> float:
+        """K/V heads each of ``tp`` tensor-parallel ranks computes and holds. A rank needs whole heads:
+        when ``tp`` exceeds ``kv_heads`` each K/V head is replicated on ``tp / kv_heads`` ranks (NeuronX
+        Distributed's ``kv_replicator``; vLLM replicates the same way when serving), so a rank still
+        holds one head instead of a fraction."""
+        return max(self.kv_heads / tp, 1.0)
+
+    def replicated_kv_params(self, tp: int) -> float:
+        """Per layer, the K/V projection weights a tensor-parallel rank holds beyond its ``1/tp`` share
+        of the layer (0 unless ``tp > kv_heads``; MLA's latent K/V is not split by heads)."""
+        if self.attention == "mla" or tp <= self.kv_heads:
+            return 0.0
+        per_head = 2 * self.hidden * self.head_dim          # K and V rows of one head
+        return per_head * (self.kv_heads_per_rank(tp) - self.kv_heads / tp)
+
     def mlp_params(self, ffn: int) -> int:
         """Weights of one dense MLP of width ``ffn``.
 

@@ -76,7 +76,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     if model.attention == "mla" and model.mla is not None:
         kv = model.heads * (model.mla.qk_nope_dim + model.mla.v_head_dim)
     else:
-        kv = 2 * model.kv_heads * model.head_dim
+        kv = 2 * model.kv_heads_per_rank(tp) * tp * model.head_dim     # whole K/V heads per rank
     attn_tp = 2.0 * (dqk + kv + dv)
     replicated = 2.0 * h + 4.0 * h + 2.0 * h        # QKV input, norms, MLP input (SP-split)
     if model.is_moe_layer(layer):
@@ -142,6 +142,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
+    dense_params += tp * model.replicated_kv_params(tp) * len(stage_layers)   # K/V heads copied over tp > kv_heads
     local = dense_params / tp + expert_params / (etp * ep)
     # data-parallel sharding groups: dense params over dp·cp, expert params over tp·dp·cp/(ep·etp)
     dense_dp = dp * cp

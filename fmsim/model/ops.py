@@ -229,9 +229,10 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         _adapter(c, rf, sh, T, dqk / t, h)
         _adapter(c, rf, sh, T, m.kv_lora_rank + m.qk_rope_dim, h)
     else:
-        kv_width = 2 * model.kv_heads * model.head_dim
-        _gemm(c, rf, T, (dqk + kv_width) / t, h)
-        _adapter(c, rf, sh, T, (dqk + kv_width) / t, h)
+        # a rank projects whole K/V heads: replicated when tp > kv_heads (ModelSpec.kv_heads_per_rank)
+        kv_local = 2 * model.kv_heads_per_rank(t) * model.head_dim
+        _gemm(c, rf, T, dqk / t + kv_local, h)
+        _adapter(c, rf, sh, T, dqk / t + kv_local, h)
     qkv_s = c.gemm_s
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
     # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
@@ -260,8 +261,8 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
     if sh.cp > 1:
-        kv_bytes = T * 2 * (model.kv_heads * model.head_dim if model.attention != "mla"
-                            else model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t * rf.act_bytes
+        kv_bytes = T * 2 * (model.kv_heads_per_rank(t) * model.head_dim if model.attention != "mla"
+                            else (model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t) * rf.act_bytes
         if sh.cp_comm == "all-gather":
             # all-gather K and V before attention (Llama 3, Dubey et al. 2024 §3.3.2; TE cp_comm_type
             # all_gather): on the critical path. The backward gathers K and V again (they are not

@@ -368,6 +368,8 @@ def build_plan(sc) -> Plan:
             dense = float(sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in mine))
             expert = 0.0
         local_dense, local_expert = dense / tp, expert / (etp * ep)
+        if not w.lora_rank:
+            local_dense += model.replicated_kv_params(tp) * len(mine)
         reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
         times = []
         for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
