@@ -38,6 +38,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "PRECISIONS",
     "RECOMPUTE",
+    "RECOMPUTE_MODULES",
     "SCHEDULES",
     "Checkpoint",
     "Cluster",
@@ -68,6 +69,10 @@ TRAINING_KINDS = ("pretrain", "finetune")
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
+#: what `recompute: selective` may run again in the backward, Megatron-Core's --recompute-modules names:
+#: the attention core (its default, Korthikanti et al. 2022), the dense MLP block, the MoE block, the
+#: experts' activation function, the shared experts, the norms, and MLA's up-projections
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
 AXES = ("tp", "cp", "ep", "pp", "dp")
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core RankGenerator default
 FLOPS_FORMULAS = ("megatron-2021", "korthikanti-2022", "palm", "nemo", "llama3")
@@ -123,6 +128,7 @@ PARALLELISM_KEYS = (
     "schedule",
     "sequence_parallel",
     "recompute",
+    "recompute_modules",
     "zero",
     "grad_reduce_precision",
     "cp_comm",
@@ -178,6 +184,8 @@ class Parallelism:
     schedule: str = "1f1b"
     sequence_parallel: bool = False
     recompute: str = "none"
+    # the modules `selective` recomputes (RECOMPUTE_MODULES); () unless recompute is selective
+    recompute_modules: tuple[str, ...] = ()
     zero: int = 0
     # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
@@ -1131,6 +1139,23 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             ep_comm=ov.boolean("ep_comm", False),
         )
     )
+    recompute = ps.choice("recompute", RECOMPUTE, "none")
+    modules: tuple[str, ...] = ("core_attn",) if recompute == "selective" else ()
+    if ps.has("recompute_modules"):
+        raw = ps.raw("recompute_modules")
+        if recompute != "selective":
+            raise ps.err("recompute_modules", f"given with recompute: {recompute} (expected recompute: selective; "
+                         "none keeps every activation and full recomputes whole layers)")
+        if not isinstance(raw, (list, tuple)) or not raw or not all(isinstance(m, str) for m in raw):
+            raise ps.err("recompute_modules", f"got {_what(raw)} (expected a non-empty list of: "
+                         f"{', '.join(RECOMPUTE_MODULES)})")
+        for i, name in enumerate(raw):
+            if name not in RECOMPUTE_MODULES:
+                raise ps.err(f"recompute_modules[{i}]", f"unknown module {name!r}{suggest(name, RECOMPUTE_MODULES)} "
+                             f"(expected one of: {', '.join(RECOMPUTE_MODULES)})")
+        if len(set(raw)) != len(raw):
+            raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
+        modules = tuple(raw)
     order = DEFAULT_ORDER
     if ps.has("order"):
         raw = ps.raw("order")
@@ -1155,7 +1180,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         vpp=vpp,
         schedule=schedule,
         sequence_parallel=ps.boolean("sequence_parallel", False),
-        recompute=ps.choice("recompute", RECOMPUTE, "none"),
+        recompute=recompute,
+        recompute_modules=modules,
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
@@ -1448,6 +1474,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
         "recompute": par.recompute,
+        **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
         "grad_reduce_precision": par.grad_reduce_precision,
         "cp_comm": par.cp_comm,

@@ -493,3 +493,33 @@ def test_kv_heads_are_replicated_when_tp_exceeds_them():
     wide = scenario(**{"parallelism.tp": 16, "parallelism.sequence_parallel": True})
     narrow = scenario(**{"parallelism.tp": 8, "parallelism.sequence_parallel": True})
     assert build_plan(wide).memory[0].weights > build_plan(narrow).memory[0].weights / 2
+
+
+def test_recompute_modules_trade_activation_memory_for_backward_work():
+    """Megatron-Core's --recompute-modules: each module named runs its forward again in the backward
+    and stops holding what it made (the dense MLP here, the experts' activation for MoE)."""
+    base = {"parallelism.recompute": "selective"}
+    core = build_plan(scenario(**base))
+    assert core.recompute_modules == ("core_attn",)                    # Megatron-Core's default
+    mlp = build_plan(scenario(**base, **{"parallelism.recompute_modules": ["core_attn", "mlp"]}))
+    assert mlp.memory[0].activations < core.memory[0].activations
+    assert sum(st.recompute_s for st in mlp.stages) > sum(st.recompute_s for st in core.stages)
+    assert fmsim.simulate(scenario(**base, **{"parallelism.recompute_modules": ["core_attn", "mlp"]})).metrics[
+        "hfu"] > fmsim.simulate(scenario(**base)).metrics["hfu"]
+    moe_file = ROOT / "scenarios" / "examples" / "mixtral-8x22b-p6-b200.yaml"
+    acts = {m: build_plan(fmsim.load_scenario(moe_file, overrides={"parallelism.recompute": "selective",
+                                                                    "parallelism.recompute_modules": list(m)}))
+            .memory[0].activations for m in (("core_attn",), ("core_attn", "moe_act"), ("moe",))}
+    assert acts[("core_attn",)] > acts[("core_attn", "moe_act")] > acts[("moe",)]
+
+
+def test_recompute_modules_need_selective_and_known_names():
+    with pytest.raises(fmsim.errors.ConfigError, match=r"recompute_modules.*recompute: selective"):
+        scenario(**{"parallelism.recompute": "full", "parallelism.recompute_modules": ["mlp"]})
+    with pytest.raises(fmsim.errors.ConfigError, match=r"recompute_modules\[1\].*unknown module 'mpl'"):
+        scenario(**{"parallelism.recompute": "selective", "parallelism.recompute_modules": ["core_attn", "mpl"]})
+    with pytest.raises(fmsim.errors.ConfigError, match="twice"):
+        scenario(**{"parallelism.recompute": "selective", "parallelism.recompute_modules": ["mlp", "mlp"]})
+    sc = scenario(**{"parallelism.recompute": "selective", "parallelism.recompute_modules": ["layernorm", "mlp"]})
+    again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
+    assert again.parallelism.recompute_modules == ("layernorm", "mlp")

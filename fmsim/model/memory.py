@@ -58,7 +58,7 @@ class MemoryBreakdown:
 
 def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,
                            cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
-                           expert_tp: int | None = None) -> float:
+                           expert_tp: int | None = None, recompute_modules: tuple[str, ...] = ()) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -66,6 +66,10 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     MLP block = 2h (input) + 2·up (activation input) + 2·ffn (down-projection input);
     two norms = 4h. Tensors inside TP regions are split by tp; with sequence parallelism the
     norm/residual regions are split too (eq. 5). Full recompute keeps only the layer input (eq. 6).
+    Selective recompute drops what its modules make again: with flash attention the attention core
+    stores nothing beyond Q, K, V and its output (so ``core_attn`` saves nothing here); ``mlp`` and
+    ``moe`` keep only the block input; ``moe_act`` the experts' down-projection input; ``shared_experts``
+    their internals; ``layernorm`` the two norm outputs; ``mla_up_proj`` the up-projected Q, K, V.
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -73,29 +77,37 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     if recompute == "full":
         return 2.0 * tokens * h / seq_split
     dqk, dv = attention_dims(model)
-    if model.attention == "mla" and model.mla is not None:
+    mods = set(recompute_modules) if recompute == "selective" else set()
+    mla = model.attention == "mla" and model.mla is not None
+    if mla:
         kv = model.heads * (model.mla.qk_nope_dim + model.mla.v_head_dim)
     else:
         kv = 2 * model.kv_heads_per_rank(tp) * tp * model.head_dim     # whole K/V heads per rank
     attn_tp = 2.0 * (dqk + kv + dv)
+    if mla and "mla_up_proj" in mods:
+        attn_tp = 2.0 * dv                          # Q, K, V made again from the kept latents
     replicated = 2.0 * h + 4.0 * h + 2.0 * h        # QKV input, norms, MLP input (SP-split)
+    if "layernorm" in mods:
+        replicated -= 4.0 * h                       # the two norm outputs (QKV and MLP inputs) made again
     if model.is_moe_layer(layer):
         m = model.moe
         assert m is not None
         up = m.expert_ffn_hidden * (2 if model.gated else 1)
         etp = tp if expert_tp is None else expert_tp
         # routed rows: each rank computes tokens·etp/tp·top_k rows of width ffn/etp (see ops.moe_mlp_forward)
-        routed = m.top_k * etp * (2.0 * h + (2.0 * up + 2.0 * m.expert_ffn_hidden) / etp)
+        down_in = 0.0 if "moe_act" in mods else 2.0 * m.expert_ffn_hidden
+        routed = m.top_k * etp * (2.0 * h + (2.0 * up + down_in) / etp)
         shared = 0.0
-        if m.shared_experts:
+        if m.shared_experts and "shared_experts" not in mods:
             sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
             shared = 2.0 * sw * (2 if model.gated else 1) + 2.0 * sw
-        mlp_tp = shared
-        per_token = replicated / seq_split + (attn_tp + mlp_tp + routed) / tp
+        if "moe" in mods:
+            routed = shared = 0.0                   # the whole block made again from its input
+        per_token = replicated / seq_split + (attn_tp + shared + routed) / tp
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         up = ffn * (2 if model.gated else 1)
-        mlp_tp = 2.0 * up + 2.0 * ffn
+        mlp_tp = 0.0 if "mlp" in mods else 2.0 * up + 2.0 * ffn
         per_token = replicated / seq_split + (attn_tp + mlp_tp) / tp
     return tokens * per_token
 
@@ -138,7 +150,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
-                    grad_bytes: float = GRAD_BYTES) -> MemoryBreakdown:
+                    grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = ()) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
@@ -155,7 +167,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
     per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
                                         sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
-                                        expert_tp=etp)
+                                        expert_tp=etp, recompute_modules=recompute_modules)
                  for i in stage_layers)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0

@@ -84,6 +84,8 @@ class PassCost:
     comms: list[CommRequest] = field(default_factory=list)
     kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
     adapter_s: float = 0.0           # LoRA adapter GEMMs and adds (trainable: full backward even when the base is frozen)
+    #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
+    parts: dict[str, PassCost] = field(default_factory=dict)
 
     @property
     def compute_s(self) -> float:
@@ -98,6 +100,23 @@ class PassCost:
         self.adapter_s += other.adapter_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
+        for name, part in other.parts.items():
+            self.parts.setdefault(name, PassCost()).add(part, times)
+
+    def snapshot(self) -> PassCost:
+        """A copy of the compute so far (no collectives, no parts), to take differences from."""
+        return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, memory_s=self.memory_s,
+                        flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s)
+
+    def record(self, name: str, since: PassCost) -> None:
+        """File the compute added since ``since`` (a :meth:`snapshot`) under module ``name``."""
+        part = self.parts.setdefault(name, PassCost())
+        part.gemm_s += self.gemm_s - since.gemm_s
+        part.attention_s += self.attention_s - since.attention_s
+        part.memory_s += self.memory_s - since.memory_s
+        part.flops += self.flops - since.flops
+        part.kernels += self.kernels - since.kernels
+        part.adapter_s += self.adapter_s - since.adapter_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,11 +239,15 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # q: down (replicated over TP in Megatron MLA) then up; kv: joint down-projection, then up
         if m.q_lora_rank:
             _gemm(c, rf, T, m.q_lora_rank, h)
+            up = c.snapshot()
             _gemm(c, rf, T, dqk / t, m.q_lora_rank)
+            c.record("mla_up_proj", up)
         else:
             _gemm(c, rf, T, dqk / t, h)
         _gemm(c, rf, T, m.kv_lora_rank + m.qk_rope_dim, h)
+        up = c.snapshot()
         _gemm(c, rf, T, model.heads * (m.qk_nope_dim + m.v_head_dim) / t, m.kv_lora_rank)
+        c.record("mla_up_proj", up)
         # adapters as ModelSpec.lora_params counts them: query and compressed key/value projections
         _adapter(c, rf, sh, T, dqk / t, h)
         _adapter(c, rf, sh, T, m.kv_lora_rank + m.qk_rope_dim, h)
@@ -237,6 +260,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
     # with CP each rank holds s/cp queries against the full s keys (load-balanced ring, Liu 2023)
     s_keys = sh.seq_len
+    core = c.snapshot()
     if sh.attention_kernel == "unfused":
         # Megatron before flash attention: QK^T and AV as batched GEMMs over the full square (the
         # causal mask is applied, not skipped) and the a·s² scores stored in HBM between them:
@@ -250,6 +274,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
         c.attention_s += attn_flops / rf.attn_flop_per_s
     c.flops += attn_flops
+    c.record("core_attn", core)
     before = c.gemm_s
     _gemm(c, rf, T, h, dv / t)
     proj_s = c.gemm_s - before
@@ -258,6 +283,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
     c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
+    c.parts.setdefault("layernorm", PassCost()).add(PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1))
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
     if sh.cp > 1:
@@ -303,7 +329,17 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     c.kernels += 3                                              # norm, activation, residual
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, fc1_s, fc2_s)
+    _whole_block_part(c, "mlp")
+    c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
     return c
+
+
+def _whole_block_part(c: PassCost, name: str) -> None:
+    """File the whole block -- its compute and its collectives -- as recompute module ``name``: a
+    checkpointed block runs its forward again, TP/EP collectives included."""
+    part = c.snapshot()
+    part.comms = list(c.comms)
+    c.parts[name] = part
 
 
 def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
@@ -329,14 +365,18 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     _gemm(c, rf, rows, h, m.expert_ffn_hidden / etp)
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
+        shared = c.snapshot()
         _gemm(c, rf, tokens_in, sw * (2 if model.gated else 1) / etp, h)
         _gemm(c, rf, tokens_in, h, sw / etp)
+        c.record("shared_experts", shared)
         if sh.lora_modules == "all":                             # routed experts are not adapted
             _adapter(c, rf, sh, tokens_in, sw * (2 if model.gated else 1) / etp, h)
             _adapter(c, rf, sh, tokens_in, h, sw / etp)
     # norm and residual on the SP shard; activation; permute/unpermute copies of the routed rows
     c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
     c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
+    c.parts["moe_act"] = PassCost(memory_s=rf.memory(rows * 3 * m.expert_ffn_hidden / etp), kernels=1)
+    c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
     if etp > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
@@ -355,6 +395,10 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         hide = c.compute_s if sh.ep_overlap else 0.0
         for _ in ("dispatch", "combine"):
             c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep))
+    parts = c.parts
+    c.parts = {}
+    _whole_block_part(c, "moe")
+    c.parts.update(parts)
     return c
 
 

@@ -60,6 +60,8 @@ class StageCost:
     bwd_comm: Mapping[str, float]
     recompute_s: float                   # extra forward work done in backward
     layers: tuple[int, ...]
+    #: FLOPs that selective recompute runs again beyond the attention core (other recompute modules)
+    recompute_extra_flops: float = 0.0
 
     @property
     def fwd_s(self) -> float:
@@ -107,6 +109,7 @@ class Plan:
     memory: tuple[MemoryBreakdown, ...]           # per physical stage
     hbm_bytes: float
     straggler_cv: float = 0.0
+    recompute_modules: tuple[str, ...] = ()       # what selective recompute runs again
 
     @property
     def tokens_per_step(self) -> float:
@@ -242,18 +245,22 @@ class _Piece:
     rec_s: float
     fwd_comm: Mapping[str, float]
     bwd_comm: Mapping[str, float]
+    rec_extra_flops: float = 0.0
 
     @classmethod
-    def of(cls, coster: CommCoster, fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool) -> _Piece:
+    def of(cls, coster: CommCoster, fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool,
+           rec_extra_flops: float = 0.0) -> _Piece:
         bc = _exposed(coster, bwd, overlap_tp)
         for k, t in _exposed(coster, rec, overlap_tp).items():
             bc[k] = bc.get(k, 0.0) + t
-        return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, _exposed(coster, fwd, overlap_tp), bc)
+        return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, _exposed(coster, fwd, overlap_tp), bc,
+                   rec_extra_flops)
 
 
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
-                      pp: int, vpp: int, frozen_weights: bool = False) -> tuple[StageCost, ...]:
+                      pp: int, vpp: int, frozen_weights: bool = False,
+                      recompute_modules: tuple[str, ...] = ("core_attn",)) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
@@ -272,12 +279,19 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             if recompute == "full":
                 rec = fwd
             elif recompute == "selective":
-                # recompute the attention core only (Korthikanti et al. 2022 §5)
-                rec = PassCost(attention_s=attn.attention_s, flops=attn.attention_s * rf.attn_flop_per_s)
+                # the checkpointed modules run their forward again: by default the attention core
+                # only (Korthikanti et al. 2022 §5); Megatron-Core's --recompute-modules add the
+                # MLP or MoE block, the experts' activation, the norms, MLA's up-projections ...
+                rec = PassCost()
+                for name in recompute_modules:
+                    if name in fwd.parts:
+                        rec.add(fwd.parts[name])
             else:
                 rec = PassCost()
+            extra = rec.flops - (fwd.parts["core_attn"].flops if recompute == "selective" and
+                                 "core_attn" in recompute_modules and "core_attn" in fwd.parts else 0.0)
             per_layer[key] = _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), rec,
-                                       overlap_tp)
+                                       overlap_tp, rec_extra_flops=extra if recompute == "selective" else 0.0)
         return per_layer[key]
 
     def simple_piece(fwd: PassCost) -> _Piece:
@@ -307,7 +321,8 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                 bc[k] = bc.get(k, 0.0) + t
         out.append(StageCost(fwd_compute_s=sum(pc.fwd_s for pc in pieces),
                              bwd_compute_s=sum(pc.bwd_s for pc in pieces), fwd_comm=fc, bwd_comm=bc,
-                             recompute_s=sum(pc.rec_s for pc in pieces), layers=tuple(lay)))
+                             recompute_s=sum(pc.rec_s for pc in pieces), layers=tuple(lay),
+                             recompute_extra_flops=sum(pc.rec_extra_flops for pc in pieces)))
     return tuple(out)
 
 
@@ -344,6 +359,7 @@ def build_plan(sc) -> Plan:
     coster = CommCoster(inst, shapes, cl.nodes)
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
+                               recompute_modules=par.recompute_modules,
                                frozen_weights=w.lora_rank > 0)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
@@ -393,6 +409,7 @@ def build_plan(sc) -> Plan:
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
+                                   recompute_modules=par.recompute_modules,
                                    expert_tp=etp, grad_bytes=grad_bytes)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
@@ -413,7 +430,7 @@ def build_plan(sc) -> Plan:
         overlap_tp_comm=par.overlap.tp_comm, shapes=shapes, stages=stages, pp_send_s=pp_send,
         pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
-        straggler_cv=cl.straggler_cv,
+        straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,
     )
 
 

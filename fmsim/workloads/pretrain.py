@@ -333,7 +333,12 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         hw_flops = model_flops * 4.0 / 3.0
     elif plan.recompute == "selective":
         dqk, dv = attention_dims(plan.model)
-        hw_flops = model_flops + plan.tokens_per_step * 2.0 * plan.seq_len * (dqk + dv) * plan.model.layers
+        core = "core_attn" in plan.recompute_modules
+        hw_flops = model_flops + (plan.tokens_per_step * 2.0 * plan.seq_len * (dqk + dv) * plan.model.layers
+                                  if core else 0.0)
+        # the other recompute modules: their forward FLOPs on every rank of a replica, per micro-batch
+        ranks = plan.tp * plan.cp * plan.dp
+        hw_flops += sum(st.recompute_extra_flops for st in plan.stages) * plan.num_microbatches * ranks
     else:
         hw_flops = model_flops
     # MFU/HFU against the dense peak of the precision the GEMMs run in (fp8 runs: the fp8 peak)
