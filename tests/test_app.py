@@ -468,3 +468,13 @@ def test_fmsim_app_finds_the_explorer_shipped_inside_the_wheel(monkeypatch, tmp_
         app_entry()
     setup = (ROOT / "setup.py").read_text()
     assert '"app")' in setup.split("DATA_DIRS = ", 1)[1].splitlines()[0]  # pip install . ships app/
+
+
+def test_a_recompute_knob_away_from_selective_drops_the_base_files_recompute_modules():
+    text = (ROOT / "scenarios" / "validation" / "training" / "mb2511-b200-03.yaml").read_text()
+    base = logic.load_base(text, "mb2511-b200-03.yaml")
+    assert base.parallelism.recompute_modules == ("mla_up_proj",)
+    full = logic.whatif_scenario(text, "mb2511-b200-03.yaml", (("parallelism.recompute", "full"),))
+    assert (full.parallelism.recompute, full.parallelism.recompute_modules) == ("full", ())
+    kept = logic.whatif_scenario(text, "mb2511-b200-03.yaml", (("parallelism.tp", 1),))
+    assert kept.parallelism.recompute_modules == ("mla_up_proj",)

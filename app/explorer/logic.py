@@ -138,7 +138,12 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     base = load_base(text, file)
     if not overrides:
         return base
-    return scenario_from_mapping(scenario_to_mapping(base), file=file, overrides=dict(overrides))
+    data = scenario_to_mapping(base)
+    knobs = dict(overrides)
+    if knobs.get("parallelism.recompute", "selective") != "selective":
+        # the modules belong to selective recompute: a knob that leaves it drops them
+        data.get("parallelism", {}).pop("recompute_modules", None)
+    return scenario_from_mapping(data, file=file, overrides=knobs)
 
 
 def scenario_yaml(sc: Any) -> str:
