@@ -116,6 +116,7 @@ LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
+PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather")
 EP_DISPATCHES = ("alltoall", "deepep")
 PARALLELISM_KEYS = (
@@ -131,6 +132,7 @@ PARALLELISM_KEYS = (
     "recompute_modules",
     "zero",
     "grad_reduce_precision",
+    "param_gather_precision",
     "cp_comm",
     "ep_dispatch",
     "overlap",
@@ -192,6 +194,9 @@ class Parallelism:
     # Megatron-Bridge's performance recipes set it); fp16 runs keep fp16 gradients unless told
     # otherwise (the default below follows workload.precision)
     grad_reduce_precision: str = "fp32"
+    # the weights' compute copy and its data-parallel all-gather: bf16, or fp8 with an fp8/fp4 recipe
+    # (Megatron-Core --fp8-param-gather: Transformer Engine keeps the weights as fp8 tensors)
+    param_gather_precision: str = "bf16"
     # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
     # all-gather (gathered before attention, on the critical path: Llama 3)
     cp_comm: str = "ring"
@@ -1156,6 +1161,10 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         if len(set(raw)) != len(raw):
             raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
         modules = tuple(raw)
+    param_gather = ps.choice("param_gather_precision", PARAM_GATHER_PRECISIONS, "bf16")
+    if param_gather == "fp8" and workload.precision not in ("fp8", "fp4"):
+        raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
+                     "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
     order = DEFAULT_ORDER
     if ps.has("order"):
         raw = ps.raw("order")
@@ -1185,6 +1194,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         zero=ps.integer("zero", 0, minimum=0, maximum=3),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
+        param_gather_precision=param_gather,
         cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,
@@ -1477,6 +1487,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
         "grad_reduce_precision": par.grad_reduce_precision,
+        "param_gather_precision": par.param_gather_precision,
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
         "overlap": {

@@ -523,3 +523,16 @@ def test_recompute_modules_need_selective_and_known_names():
     sc = scenario(**{"parallelism.recompute": "selective", "parallelism.recompute_modules": ["layernorm", "mlp"]})
     again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
     assert again.parallelism.recompute_modules == ("layernorm", "mlp")
+
+
+def test_fp8_parameter_gather_halves_the_gather_and_the_weight_copy():
+    """Megatron-Core --fp8-param-gather: Transformer Engine keeps the weights' compute copy in fp8, so
+    the distributed optimizer all-gathers half the bytes and the copy takes half the memory."""
+    base = {"workload.precision": "fp8", "parallelism.zero": 1}
+    bf16 = build_plan(scenario(**base))
+    fp8 = build_plan(scenario(**base, **{"parallelism.param_gather_precision": "fp8"}))
+    assert fp8.memory[0].weights == pytest.approx(bf16.memory[0].weights / 2)
+    assert 0 < fp8.dp_gather_s[0] < bf16.dp_gather_s[0]
+    assert fp8.memory[0].optimizer == bf16.memory[0].optimizer          # the fp32 master copy stays
+    with pytest.raises(fmsim.errors.ConfigError, match=r"param_gather_precision.*fp8 or fp4 recipe"):
+        scenario(**{"parallelism.param_gather_precision": "fp8"})       # a bf16 run has no fp8 copy

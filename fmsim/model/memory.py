@@ -150,7 +150,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
-                    grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = ()) -> MemoryBreakdown:
+                    grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
+                    weight_bytes: float = WEIGHT_BYTES) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
@@ -162,7 +163,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     shard_dense = dense_params / tp / dense_dp
     shard_expert = expert_params / (etp * ep) / expert_dp
     sharded = shard_dense + shard_expert
-    weights = WEIGHT_BYTES * (sharded if zero >= 3 else local)
+    weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
     per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,

@@ -373,6 +373,7 @@ def build_plan(sc) -> Plan:
     dp_shape = shapes["dp"]
     edp = max(1, tp * dp * cp // (ep * etp))
     grad_bytes = BYTES_PER_ELEMENT[par.grad_reduce_precision]
+    weight_bytes = BYTES_PER_ELEMENT[par.param_gather_precision]
     buckets, gathers, opt, mem = [], [], [], []
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
@@ -401,7 +402,7 @@ def build_plan(sc) -> Plan:
             for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
                                   (local_expert, _edp_group(shapes, edp))):
                 if params > 0 and shape.size > 1:
-                    g += coster.cost("all-gather", params * WEIGHT_BYTES, shape)
+                    g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
         owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
         opt.append(owned * OPTIMIZER_BYTES_PER_PARAM / hbm)
@@ -410,13 +411,13 @@ def build_plan(sc) -> Plan:
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    recompute_modules=par.recompute_modules,
-                                   expert_tp=etp, grad_bytes=grad_bytes)
+                                   expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
             # weights in the MLPerf Llama 2 70B LoRA submissions)
             frozen_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
-            mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / WEIGHT_BYTES,
+            mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / weight_bytes,
                                     gradients=grad_bytes * local_dense,
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits)
