@@ -478,3 +478,12 @@ def test_a_recompute_knob_away_from_selective_drops_the_base_files_recompute_mod
     assert (full.parallelism.recompute, full.parallelism.recompute_modules) == ("full", ())
     kept = logic.whatif_scenario(text, "mb2511-b200-03.yaml", (("parallelism.tp", 1),))
     assert kept.parallelism.recompute_modules == ("mla_up_proj",)
+
+
+def test_a_precision_knob_away_from_fp8_drops_the_fp8_parameter_gather():
+    text = (ROOT / "scenarios" / "validation" / "training" / "mlpv51-405b-01.yaml").read_text()
+    assert logic.load_base(text, "f.yaml").parallelism.param_gather_precision == "fp8"
+    bf16 = logic.whatif_scenario(text, "f.yaml", (("workload.precision", "bf16"),))
+    assert (bf16.workload.precision, bf16.parallelism.param_gather_precision) == ("bf16", "bf16")
+    fp8 = logic.whatif_scenario(text, "f.yaml", (("workload.precision", "fp8"),))
+    assert fp8.parallelism.param_gather_precision == "fp8"
