@@ -141,10 +141,10 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     data = scenario_to_mapping(base)
     knobs = dict(overrides)
     par = data.get("parallelism", {})
-    if knobs.get("parallelism.recompute", "selective") != "selective":
+    if knobs.get("parallelism.recompute", base.parallelism.recompute) != "selective":
         # the modules belong to selective recompute: a knob that leaves it drops them
         par.pop("recompute_modules", None)
-    if knobs.get("workload.precision", "fp8") not in ("fp8", "fp4"):
+    if knobs.get("workload.precision", base.workload.precision) not in ("fp8", "fp4"):
         # an fp8 weight copy belongs to an fp8/fp4 recipe: a precision knob that leaves one drops it
         par.pop("param_gather_precision", None)
     return scenario_from_mapping(data, file=file, overrides=knobs)

@@ -283,7 +283,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
     c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
-    c.parts.setdefault("layernorm", PassCost()).add(PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1))
+    c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
     if sh.cp > 1:
@@ -395,10 +395,7 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         hide = c.compute_s if sh.ep_overlap else 0.0
         for _ in ("dispatch", "combine"):
             c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep))
-    parts = c.parts
-    c.parts = {}
     _whole_block_part(c, "moe")
-    c.parts.update(parts)
     return c
 
 

@@ -277,21 +277,20 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             fwd.add(attn)
             fwd.add(mlp)
             if recompute == "full":
-                rec = fwd
+                rec, extra = fwd, 0.0
             elif recompute == "selective":
                 # the checkpointed modules run their forward again: by default the attention core
                 # only (Korthikanti et al. 2022 §5); Megatron-Core's --recompute-modules add the
                 # MLP or MoE block, the experts' activation, the norms, MLA's up-projections ...
-                rec = PassCost()
+                rec, extra = PassCost(), 0.0
                 for name in recompute_modules:
                     if name in fwd.parts:
                         rec.add(fwd.parts[name])
+                        extra += fwd.parts[name].flops if name != "core_attn" else 0.0
             else:
-                rec = PassCost()
-            extra = rec.flops - (fwd.parts["core_attn"].flops if recompute == "selective" and
-                                 "core_attn" in recompute_modules and "core_attn" in fwd.parts else 0.0)
+                rec, extra = PassCost(), 0.0
             per_layer[key] = _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), rec,
-                                       overlap_tp, rec_extra_flops=extra if recompute == "selective" else 0.0)
+                                       overlap_tp, rec_extra_flops=extra)
         return per_layer[key]
 
     def simple_piece(fwd: PassCost) -> _Piece:
