@@ -1,7 +1,8 @@
 """Kernel-level facts the training and serving cost models share.
 
 Owns the bytes per element of each number format, the fixed cost of one GPU kernel, the GEMM
-reduction-depth efficiency ``k / (k + K0)`` and the tile/wave quantization of a GEMM's output --
+reduction-depth efficiency ``k / (k + K0)``, fused attention's sequence-length efficiency
+``s / (s + S0)`` and the tile/wave quantization of a GEMM's output --
 one set of figures, each with its source, so that a training step and a serving iteration price
 the same kernel the same way.
 """
@@ -42,6 +43,23 @@ def gemm_k0(peak_flop_per_s: float) -> float:
 def gemm_k_efficiency(k: float, k0: float = GEMM_K0) -> float:
     """Share of the large-GEMM efficiency a GEMM of reduction depth ``k`` reaches, ``k / (k + K0)``."""
     return k / (k + k0) if k > 0 else 1.0
+
+
+# Fused (flash) attention as a function of sequence length: each query tile pays a fixed cost
+# (loading Q, the softmax epilogue, writing O and its statistics) worth about S0 key positions of
+# its K/V loop, so a kernel reaches e_max * s / (s + S0) of its long-sequence rate -- the same form
+# as GEMM_K0. Fitted (least squares on 1/e vs 1/s) to the H100 head-dim-128 series the FlashAttention-3
+# authors' sizing reproduces in pytorch/benchmark PR #2391 (commit ff65cb6, 2024-07: B*S = 16k,
+# H*D = 2048, s = 512..16k): FA3 430..621 TFLOP/s gives S0 = 235, the Triton tutorial kernel
+# 329..477 gives S0 = 243; the cuDNN causal end points the FlashAttention-3 paper prints (Fig. 5,
+# 484 at 2k, 539 at 16k) give 270. 240 taken. The catalog's attention efficiencies are the
+# long-sequence rate e_max.
+ATTENTION_S0 = 240.0
+
+
+def attention_length_efficiency(seq_len: float) -> float:
+    """Share of the long-sequence rate a fused attention kernel over ``seq_len`` tokens reaches."""
+    return seq_len / (seq_len + ATTENTION_S0) if seq_len > 0 else 1.0
 
 
 #: Output tile shapes (rows × columns) the GEMM library chooses among: CUTLASS's 128×256, 256×128

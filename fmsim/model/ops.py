@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
-from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, gemm_k0, wave_efficiency
+from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, attention_length_efficiency, gemm_k0, wave_efficiency
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
@@ -272,7 +272,8 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         c.attention_s += max(attn_flops / rf.gemm_flop_per_s_bf16, 0.0) + scores * 13.0 / rf.hbm_bytes_per_s
     else:
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
-        c.attention_s += attn_flops / rf.attn_flop_per_s
+        # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys
+        c.attention_s += attn_flops / (rf.attn_flop_per_s * attention_length_efficiency(s_keys / sh.cp))
     c.flops += attn_flops
     c.record("core_attn", core)
     before = c.gemm_s
