@@ -223,15 +223,19 @@ def group_view(instance: Instance, shape: GroupShape, *, nodes: int | None = Non
 
 
 def _ring_params(tiers: tuple[Tier, ...]) -> tuple[int, float, float]:
-    """Members, per-step latency and seconds per byte of a ring over ``tiers``.
+    """Members, mean per-step latency and seconds per byte of a ring over ``tiers``.
 
-    Each step every member sends to the next at once, so a step costs the latency of the farthest
-    hop; a boundary of a tier carries the ring's full stream through its ``unit`` members' links
-    (NCCL spreads its channels over them). Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce
-    algorithms for clusters of workstations", JPDC 69(2), section 3.
+    NCCL pipelines the ring in slices, with no barrier between steps, so a chunk's n-1 hops cost
+    the sum of their own latencies -- (fanout-1) x (outer fanouts) hops at each tier's latency, most
+    of them inside a node -- not n-1 times the slowest (NCCL's tuning model, src/graph/tuning.cc:
+    (nsteps - nInterSteps) x intraLat + nInterSteps x interLat). A boundary of a tier carries the
+    ring's full stream through its ``unit`` members' links (NCCL spreads its channels over them).
+    Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+    JPDC 69(2), section 3.
     """
     n = math.prod(t.fanout for t in tiers)
-    alpha = max((t.latency_s for t in tiers), default=0.0)
+    hops = [(t.fanout - 1) * math.prod(u.fanout for u in tiers[i + 1:]) for i, t in enumerate(tiers)]
+    alpha = sum(h * t.latency_s for h, t in zip(hops, tiers)) / (n - 1) if n > 1 else 0.0
     beta = max((t.beta_s_per_byte for t in tiers), default=0.0)
     return n, alpha, beta
 
