@@ -58,7 +58,8 @@ class MemoryBreakdown:
 
 def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,
                            cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
-                           expert_tp: int | None = None, recompute_modules: tuple[str, ...] = ()) -> float:
+                           expert_tp: int | None = None, recompute_modules: tuple[str, ...] = (),
+                           gemm_input_bytes: float = 2.0, frozen_mlp: bool = False) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -70,6 +71,15 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     stores nothing beyond Q, K, V and its output (so ``core_attn`` saves nothing here); ``mlp`` and
     ``moe`` keep only the block input; ``moe_act`` the experts' down-projection input; ``shared_experts``
     their internals; ``layernorm`` the two norm outputs; ``mla_up_proj`` the up-projected Q, K, V.
+
+    A tensor kept only as a linear layer's input, for its weight gradient, is kept in the GEMM's
+    precision: Transformer Engine's fp8 (and fp4) linear layers save the quantized copy they
+    multiplied with (``gemm_input_bytes`` per element: the QKV and MLP inputs, the down-projection
+    input; the attention output is kept in 16-bit for the attention backward and in fp8 beside it
+    for the output projection). A frozen linear layer (LoRA's base weights) computes no weight
+    gradient, so its input is not kept at all: ``frozen_mlp`` drops the MLP's and the experts'
+    inputs and down-projection inputs (LoRA on the attention projections only; adapters on a layer
+    need its input).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -83,31 +93,35 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
         kv = model.heads * (model.mla.qk_nope_dim + model.mla.v_head_dim)
     else:
         kv = 2 * model.kv_heads_per_rank(tp) * tp * model.head_dim     # whole K/V heads per rank
-    attn_tp = 2.0 * (dqk + kv + dv)
+    g = gemm_input_bytes
+    proj_copy = g * dv if g < 2.0 else 0.0          # the fp8 copy of the attention output for the projection
+    attn_tp = 2.0 * (dqk + kv + dv) + proj_copy
     if mla and "mla_up_proj" in mods:
-        attn_tp = 2.0 * dv                          # Q, K, V made again from the kept latents
-    replicated = 2.0 * h + 4.0 * h + 2.0 * h        # QKV input, norms, MLP input (SP-split)
+        attn_tp = 2.0 * dv + proj_copy              # Q, K, V made again from the kept latents
+    mlp_in = 0.0 if frozen_mlp else g * h
+    replicated = g * h + 4.0 * h + mlp_in           # QKV input, norms, MLP input (SP-split)
     if "layernorm" in mods:
-        replicated -= 4.0 * h                       # the two norm outputs (QKV and MLP inputs) made again
+        replicated -= g * h + mlp_in                # the two norm outputs (QKV and MLP inputs) made again
     if model.is_moe_layer(layer):
         m = model.moe
         assert m is not None
         up = m.expert_ffn_hidden * (2 if model.gated else 1)
         etp = tp if expert_tp is None else expert_tp
         # routed rows: each rank computes tokens·etp/tp·top_k rows of width ffn/etp (see ops.moe_mlp_forward)
-        down_in = 0.0 if "moe_act" in mods else 2.0 * m.expert_ffn_hidden
-        routed = m.top_k * etp * (2.0 * h + (2.0 * up + down_in) / etp)
+        down_in = 0.0 if ("moe_act" in mods or frozen_mlp) else g * m.expert_ffn_hidden
+        expert_in = 0.0 if frozen_mlp else g * h
+        routed = m.top_k * etp * (expert_in + (2.0 * up + down_in) / etp)
         shared = 0.0
         if m.shared_experts and "shared_experts" not in mods:
             sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
-            shared = 2.0 * sw * (2 if model.gated else 1) + 2.0 * sw
+            shared = 2.0 * sw * (2 if model.gated else 1) + (0.0 if frozen_mlp else g * sw)
         if "moe" in mods:
             routed = shared = 0.0                   # the whole block made again from its input
         per_token = replicated / seq_split + (attn_tp + shared + routed) / tp
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         up = ffn * (2 if model.gated else 1)
-        mlp_tp = 0.0 if "mlp" in mods else 2.0 * up + 2.0 * ffn
+        mlp_tp = 0.0 if "mlp" in mods else 2.0 * up + (0.0 if frozen_mlp else g * ffn)
         per_token = replicated / seq_split + (attn_tp + mlp_tp) / tp
     return tokens * per_token
 
@@ -151,7 +165,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
-                    weight_bytes: float = WEIGHT_BYTES) -> MemoryBreakdown:
+                    weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
+                    frozen_mlp: bool = False) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
@@ -168,7 +183,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
     per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
                                         sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
-                                        expert_tp=etp, recompute_modules=recompute_modules)
+                                        expert_tp=etp, recompute_modules=recompute_modules,
+                                        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp)
                  for i in stage_layers)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0

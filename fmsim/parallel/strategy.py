@@ -410,7 +410,9 @@ def build_plan(sc) -> Plan:
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    recompute_modules=par.recompute_modules,
-                                   expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes)
+                                   expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
+                                   gemm_input_bytes=min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES)),
+                                   frozen_mlp=bool(w.lora_rank) and w.lora_modules == "attention")
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
