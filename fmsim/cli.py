@@ -356,7 +356,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 format_column(r.key, r.predicted),
                 format_column(r.key, r.measured),
                 err,
-                r.error or (r.formula or ""),
+                r.error or "; ".join(x for x in (r.formula, "does not fit" if r.fits is False else None) if x),
             ]
         )
     if table:
@@ -369,6 +369,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{s.compared} compared metrics over {len(with_measured) - s.errors} scenarios: median |error| "
             f"{s.median_abs_pct:.1f} %, worst {s.worst_abs_pct:.1f} % ({s.worst.scenario} {s.worst.key})"
         )
+        if s.not_fitting:
+            print(f"{len(s.not_fitting)} measured run{'s' if len(s.not_fitting) != 1 else ''} predicted not to fit "
+                  f"in HBM (a memory-model miss: they ran): {', '.join(s.not_fitting)}")
     else:
         print("no metric compared")
     print(

@@ -71,6 +71,9 @@ class ValidationRow:
     source: str
     formula: str | None = None
     error: str | None = None
+    #: whether the plan fits in HBM by the memory model (None: the result does not say). The run
+    #: was measured, so it did fit: False is a miss of the memory model, reported beside the error.
+    fits: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class ValidationRow:
             "flops_formula": self.formula,
             "source": self.source,
             "error": self.error,
+            "fits": self.fits,
         }
 
 
@@ -93,6 +97,7 @@ class ValidationSummary:
     median_abs_pct: float | None
     worst_abs_pct: float | None
     worst: ValidationRow | None
+    not_fitting: tuple[str, ...] = ()  # measured runs the memory model says do not fit
 
 
 def _as_float(value: Any) -> float | None:
@@ -225,6 +230,8 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int 
                 )
             )
             continue
+        fits = result.get("fits")
+        fits = fits if isinstance(fits, bool) else None
         for key, measured in sc.measured.items():
             pred = predictions[key]
             pct = None if pred is None else 100.0 * (pred - measured) / measured
@@ -239,13 +246,15 @@ def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int 
                     source=sc.measured_source,
                     formula=formula if key in FLOPS_METRICS else None,
                     error=None if pred is not None else f"the result has no {key}",
+                    fits=fits,
                 )
             )
     return rows
 
 
 def summarize(rows: Sequence[ValidationRow]) -> ValidationSummary:
-    """Median and worst absolute error (%) over the rows that have one; count of error rows."""
+    """Median and worst absolute error (%) over the rows that have one; count of error rows; the
+    measured runs the memory model says do not fit."""
     scored = [r for r in rows if r.error_pct is not None]
     errors = len({(r.file, r.scenario) for r in rows if r.error is not None and r.key == "-"})
     if not scored:
@@ -259,4 +268,5 @@ def summarize(rows: Sequence[ValidationRow]) -> ValidationSummary:
         median_abs_pct=statistics.median(abs(r.error_pct or 0.0) for r in scored),
         worst_abs_pct=abs(worst.error_pct or 0.0),
         worst=worst,
+        not_fitting=tuple(dict.fromkeys(r.scenario for r in scored if r.fits is False)),
     )

@@ -2,6 +2,7 @@
 stand-in simulator), check, validate, lint, plug-in sub-commands, and exit codes with one-line errors."""
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -309,6 +310,23 @@ def test_validate_reports_errors_with_the_source_formula(capsys, fake, monkeypat
     median = (errors[1] + errors[2]) / 2
     assert f"median |error| {median:.1f} %" in out and f"worst {errors[-1]:.1f} %" in out
     assert "1 without measured: skipped" in out
+
+
+def test_validate_names_measured_runs_the_memory_model_says_do_not_fit(capsys, monkeypatch, tmp_path):
+    class NoFit(FakeSim):
+        def __call__(self, sc, **kw):
+            r = super().__call__(sc, **kw)
+            return dataclasses.replace(r, metrics={**r.metrics, "fits": sc.name != "moe-16x1b-finetune"})
+
+    monkeypatch.setattr(fmsim, "simulate", NoFit(), raising=False)
+    monkeypatch.setattr(fmsim.model.flops, "model_flops_per_step", lambda *a, **k: 1e18)
+    out_csv = tmp_path / "v.csv"
+    code, out, _ = run_cli(capsys, "validate", MOE, LLAMA, "--csv", out_csv)
+    assert code == 0
+    assert [line for line in out.splitlines() if "does not fit" in line] and all(
+        line.startswith("moe-16x1b-finetune") for line in out.splitlines() if "does not fit" in line)
+    assert "1 measured run predicted not to fit in HBM (a memory-model miss: they ran): moe-16x1b-finetune" in out
+    assert {r["scenario"]: r["fits"] for r in csv.DictReader(out_csv.open())} == {"moe-16x1b-finetune": "false"}
 
 
 def test_validate_counts_a_failing_scenario_and_keeps_going(capsys, monkeypatch, tmp_path):

@@ -536,3 +536,23 @@ def test_fp8_parameter_gather_halves_the_gather_and_the_weight_copy():
     assert fp8.memory[0].optimizer == bf16.memory[0].optimizer          # the fp32 master copy stays
     with pytest.raises(fmsim.errors.ConfigError, match=r"param_gather_precision.*fp8 or fp4 recipe"):
         scenario(**{"parallelism.param_gather_precision": "fp8"})       # a bf16 run has no fp8 copy
+
+
+def test_fp8_layers_keep_their_quantized_input_and_lora_frozen_mlp_keeps_none():
+    """Transformer Engine's fp8 linear layers save the fp8 copy of their input for the weight gradient
+    (1 byte, not 2); a frozen linear layer (LoRA's base MLP) has no weight gradient and saves no input."""
+    from fmsim.model.memory import layer_activation_bytes
+
+    model = fmsim.load_scenario(EXAMPLE).workload.model
+    args = dict(micro_batch=1, seq_len=4096, tp=1, cp=1, sequence_parallel=False, recompute="none")
+    bf16 = layer_activation_bytes(model, 0, **args)
+    fp8 = layer_activation_bytes(model, 0, **args, gemm_input_bytes=1.0)
+    frozen = layer_activation_bytes(model, 0, **args, frozen_mlp=True)
+    h, ffn, dv = model.hidden, model.ffn_hidden, model.heads * model.head_dim
+    # QKV input, MLP input and down-projection input at one byte, plus the attention output's fp8 copy
+    assert bf16 - fp8 == pytest.approx(4096 * (h + h + ffn - dv))
+    assert bf16 - frozen == pytest.approx(4096 * (2 * h + 2 * ffn))
+    lora = {"workload.kind": "finetune", "workload.lora": {"rank": 16, "modules": "attention"}}
+    assert build_plan(scenario(**lora)).memory[0].activations < build_plan(scenario()).memory[0].activations
+    fp8_plan = build_plan(scenario(**{"workload.precision": "fp8"}))
+    assert fp8_plan.memory[0].activations < build_plan(scenario()).memory[0].activations
