@@ -78,8 +78,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     input; the attention output is kept in 16-bit for the attention backward and in fp8 beside it
     for the output projection). A frozen linear layer (LoRA's base weights) computes no weight
     gradient, so its input is not kept at all: ``frozen_mlp`` drops the MLP's and the experts'
-    inputs and down-projection inputs (LoRA on the attention projections only; adapters on a layer
-    need its input).
+    inputs and down-projection inputs (LoRA on the attention projections only). An adapted layer's
+    input is kept for its 16-bit adapters (the caller passes ``gemm_input_bytes`` 2 under LoRA).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden

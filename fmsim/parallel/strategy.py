@@ -411,7 +411,9 @@ def build_plan(sc) -> Plan:
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    recompute_modules=par.recompute_modules,
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
-                                   gemm_input_bytes=min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES)),
+                                   # LoRA: the frozen base GEMMs keep no inputs; the 16-bit adapters keep theirs
+                                   gemm_input_bytes=WEIGHT_BYTES if w.lora_rank else
+                                   min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES)),
                                    frozen_mlp=bool(w.lora_rank) and w.lora_modules == "attention")
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
