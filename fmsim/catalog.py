@@ -90,6 +90,7 @@ class Accelerator:
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
     max_power_w: float | None = None              # board power limit, if published
+    host_link_bytes_per_s: float = 0.0            # to host memory, per device, per direction; 0 = unknown
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s in ``precision``; raises if the chip has no such math."""
@@ -466,6 +467,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         calibration=calibration,
         memory_type=str(e.get("memory_type", "")),
         max_power_w=e.get("max_power_w", None, float),
+        host_link_bytes_per_s=e.get("host_link", 0.0, parse_rate),
     )
     e.get("notes", "")
     e.check_unknown()

@@ -133,6 +133,7 @@ PARALLELISM_KEYS = (
     "zero",
     "grad_reduce_precision",
     "param_gather_precision",
+    "offload_activations",
     "cp_comm",
     "ep_dispatch",
     "overlap",
@@ -197,6 +198,9 @@ class Parallelism:
     # the weights' compute copy and its data-parallel all-gather: bf16, or fp8 with an fp8/fp4 recipe
     # (Megatron-Core --fp8-param-gather: Transformer Engine keeps the weights as fp8 tensors)
     param_gather_precision: str = "bf16"
+    # transformer layers whose activations wait in host memory between forward and backward
+    # (Megatron-Core --cpu-offloading-num-layers; pp 1, no recompute, as Megatron-Core requires)
+    offload_activations: int = 0
     # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
     # all-gather (gathered before attention, on the critical path: Llama 3)
     cp_comm: str = "ring"
@@ -1162,6 +1166,25 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
         modules = tuple(raw)
     param_gather = ps.choice("param_gather_precision", PARAM_GATHER_PRECISIONS, "bf16")
+    offload = ps.integer("offload_activations", 0, minimum=0)
+    if offload:
+        # Megatron-Core TransformerConfig refuses the other combinations ("Currently there is no
+        # support for Pipeline parallelism with CPU offloading"; "CPU offloading does not work when
+        # activation recomputation is enabled"; "CPU offloading can be done only for layers less than
+        # num_layers")
+        if pp != 1:
+            raise ps.err("offload_activations", f"{offload} layers with pp {pp} (expected pp: 1; Megatron-Core "
+                         "offloads activations without pipeline parallelism only)")
+        if recompute != "none":
+            raise ps.err("offload_activations", f"{offload} layers with recompute: {recompute} (expected recompute: "
+                         "none; Megatron-Core does not offload recomputed activations)")
+        if offload >= model.layers:
+            raise ps.err("offload_activations", f"{offload} layers of {model.name}'s {model.layers} (expected fewer "
+                         "than the model's layers)")
+        if not cluster.instance.accelerator.host_link_bytes_per_s:
+            raise ps.err("offload_activations", f"{cluster.instance.name}: the catalog has no host link bandwidth "
+                         f"for {cluster.instance.accelerator.name} (expected an accelerator with host_link in "
+                         "hardware_catalog/accelerators.yaml, or offload_activations: 0)")
     if param_gather == "fp8" and workload.precision not in ("fp8", "fp4"):
         raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
                      "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
@@ -1195,6 +1218,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
         param_gather_precision=param_gather,
+        offload_activations=offload,
         cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,
@@ -1488,6 +1512,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "zero": par.zero,
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
+        **({"offload_activations": par.offload_activations} if par.offload_activations else {}),
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
         "overlap": {

@@ -487,3 +487,11 @@ def test_a_precision_knob_away_from_fp8_drops_the_fp8_parameter_gather():
     assert (bf16.workload.precision, bf16.parallelism.param_gather_precision) == ("bf16", "bf16")
     fp8 = logic.whatif_scenario(text, "f.yaml", (("workload.precision", "fp8"),))
     assert fp8.parallelism.param_gather_precision == "fp8"
+
+
+def test_a_pipeline_or_recompute_knob_drops_activation_offloading():
+    text = (ROOT / "scenarios" / "validation" / "training" / "mb2511-gb200-02.yaml").read_text()
+    assert logic.load_base(text, "f.yaml").parallelism.offload_activations == 40
+    for knobs in ((("parallelism.pp", 2), ("parallelism.dp", 32)), (("parallelism.recompute", "selective"),)):
+        assert logic.whatif_scenario(text, "f.yaml", knobs).parallelism.offload_activations == 0
+    assert logic.whatif_scenario(text, "f.yaml", (("workload.micro_batch", 1),)).parallelism.offload_activations == 40

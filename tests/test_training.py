@@ -556,3 +556,43 @@ def test_fp8_layers_keep_their_quantized_input_and_lora_frozen_mlp_keeps_none():
     assert build_plan(scenario(**lora)).memory[0].activations < build_plan(scenario()).memory[0].activations
     fp8_plan = build_plan(scenario(**{"workload.precision": "fp8"}))
     assert fp8_plan.memory[0].activations < build_plan(scenario()).memory[0].activations
+
+
+def test_offloaded_activations_leave_hbm_for_host_memory_and_cross_the_host_link():
+    """Megatron-Core CPU activation offloading: the first N layers' activations wait in host memory,
+    one layer's worth in transit; each copy crosses the host link beside the next layer's pass."""
+    flat = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b",
+            "parallelism.recompute": "none"}
+    base = build_plan(scenario(**flat))
+    off = build_plan(scenario(**flat, **{"parallelism.offload_activations": 40}))
+    per_layer = base.memory[0].activations / 80                 # Llama 3 70B: 80 identical layers
+    assert off.memory[0].activations == pytest.approx(base.memory[0].activations - 39 * per_layer)
+    assert off.memory[0].host_offload == pytest.approx(40 * per_layer)
+    assert off.offload_layers == 40 and base.memory[0].host_offload == 0.0
+    copy = per_layer / off.instance.accelerator.host_link_bytes_per_s
+    st, st0 = off.stages[0], base.stages[0]
+    assert st.fwd_comm.get("offload", 0.0) == pytest.approx(40 * max(0.0, copy - st0.fwd_s / 80), rel=0.05)
+    slow, fast = (fmsim.simulate(scenario(**flat, **over)) for over in ({"parallelism.offload_activations": 40}, {}))
+    assert slow.metrics["step_time_s"] >= fast.metrics["step_time_s"]
+    assert slow.details["activation_offload"]["layers"] == 40 and slow.metrics["fits"]
+    # 60 of Llama 3 70B's layers on a GB200 tray: 4 GPUs' offloaded activations exceed its host memory
+    gb = ROOT / "scenarios" / "validation" / "training" / "mb2511-gb200-02.yaml"
+    full = fmsim.simulate(fmsim.load_scenario(gb, overrides={"parallelism.offload_activations": 60}))
+    assert not full.metrics["fits"] and "host memory per node" in full.details["memory_error"]
+    assert full.details["bottleneck"].startswith("does not fit: the offloaded activations")
+
+
+def test_offloading_refuses_what_megatron_core_refuses():
+    flat = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.recompute": "none"}
+    with pytest.raises(fmsim.errors.ConfigError, match=r"offload_activations.*pp 4.*expected pp: 1"):
+        scenario(**{"parallelism.offload_activations": 10})
+    with pytest.raises(fmsim.errors.ConfigError, match=r"offload_activations.*recompute: full"):
+        scenario(**{**flat, "parallelism.recompute": "full", "parallelism.offload_activations": 10})
+    with pytest.raises(fmsim.errors.ConfigError, match=r"offload_activations.*80 layers.*fewer"):
+        scenario(**flat, **{"parallelism.offload_activations": 80})
+    with pytest.raises(fmsim.errors.ConfigError, match=r"offload_activations.*no host link"):
+        scenario(**flat, **{"parallelism.offload_activations": 10, "cluster.instance": "trn2.48xlarge",
+                            "workload.precision": "bf16"})
+    sc = scenario(**flat, **{"parallelism.offload_activations": 10})
+    again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
+    assert again.parallelism.offload_activations == 10

@@ -27,6 +27,7 @@ PART_COLOURS = {
     "comm_tp": "#f58518",
     "comm_cp": "#ffbf79",
     "comm_ep": "#e45756",
+    "comm_offload": "#9d755d",
     "comm_dp": "#54a24b",
     "dp": "#54a24b",
     "pp": "#b279a2",

@@ -147,6 +147,12 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     if knobs.get("workload.precision", base.workload.precision) not in ("fp8", "fp4"):
         # an fp8 weight copy belongs to an fp8/fp4 recipe: a precision knob that leaves one drops it
         par.pop("param_gather_precision", None)
+    if (knobs.get("parallelism.pp", base.parallelism.pp) != 1
+            or knobs.get("parallelism.recompute", base.parallelism.recompute) != "none"
+            or str(knobs.get("cluster.instance", base.cluster.instance.name)) != base.cluster.instance.name):
+        # activation offloading needs pp 1, no recompute and the base's host link: a knob that
+        # leaves any of them drops it (Megatron-Core refuses the combinations)
+        par.pop("offload_activations", None)
     return scenario_from_mapping(data, file=file, overrides=knobs)
 
 

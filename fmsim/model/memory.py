@@ -33,6 +33,8 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     logits: float                 # loss-side activations on the last stage (fp32 logits)
+    #: activations waiting in host memory (activation offloading); not HBM, so not in ``total``
+    host_offload: float = 0.0
 
     @property
     def total(self) -> float:
@@ -166,8 +168,13 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
-                    frozen_mlp: bool = False) -> MemoryBreakdown:
-    """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks)."""
+                    frozen_mlp: bool = False, offload_layers: int = 0) -> MemoryBreakdown:
+    """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
+
+    ``offload_layers``: the activations of the stage's first that many layers go to host memory after
+    their forward and come back for their backward (Megatron-Core's CPU offloading, which offloads the
+    first layers: the last ones are needed first); one offloaded layer's activations are in transit
+    on the device at a time."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
     dense_params += tp * model.replicated_kv_params(tp) * len(stage_layers)   # K/V heads copied over tp > kv_heads
@@ -181,14 +188,17 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
-    per_mb = sum(layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
+    per_layer = [layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
                                         sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
                                         expert_tp=etp, recompute_modules=recompute_modules,
                                         gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp)
-                 for i in stage_layers)
+                 for i in stage_layers]
+    off = per_layer[:offload_layers]
+    per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0
     if last:
         # fp32 logits and their gradient over the local vocab shard, one micro-batch at a time
         logits = 2 * 4.0 * micro_batch * seq_len / cp * model.vocab / tp
-    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits)
+    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits,
+                           host_offload=sum(off))

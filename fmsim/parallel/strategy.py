@@ -24,6 +24,7 @@ from ..model.memory import (
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
     MemoryBreakdown,
+    layer_activation_bytes,
     stage_params,
     training_memory,
 )
@@ -110,6 +111,7 @@ class Plan:
     hbm_bytes: float
     straggler_cv: float = 0.0
     recompute_modules: tuple[str, ...] = ()       # what selective recompute runs again
+    offload_layers: int = 0                       # layers whose activations wait in host memory
 
     @property
     def tokens_per_step(self) -> float:
@@ -260,11 +262,17 @@ class _Piece:
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
                       pp: int, vpp: int, frozen_weights: bool = False,
-                      recompute_modules: tuple[str, ...] = ("core_attn",)) -> tuple[StageCost, ...]:
+                      recompute_modules: tuple[str, ...] = ("core_attn",),
+                      offload_s: Mapping[int, float] | None = None) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
-    costed once -- collectives included, TP overlap applied layer by layer -- and counted."""
+    costed once -- collectives included, TP overlap applied layer by layer -- and counted.
+
+    ``offload_s``: per offloaded layer, the seconds its activations take over the host link one way.
+    The copy runs on its own stream beside the next layer's pass (Transformer Engine's double-buffered
+    offload: out after the layer's forward, back ahead of its backward); what the pass cannot cover
+    waits in the open, filed under ``offload``."""
     rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel)
     per_layer: dict[tuple[bool, bool], _Piece] = {}
 
@@ -318,6 +326,13 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                 fc[k] = fc.get(k, 0.0) + t
             for k, t in pc.bwd_comm.items():
                 bc[k] = bc.get(k, 0.0) + t
+        for i in lay:
+            copy = (offload_s or {}).get(i, 0.0)
+            if copy:
+                pc = layer_piece(i)           # the neighbouring layer's pass, as long as this one's
+                fc["offload"] = fc.get("offload", 0.0) + max(0.0, copy - pc.fwd_s - sum(pc.fwd_comm.values()))
+                bc["offload"] = bc.get("offload", 0.0) + max(0.0, copy - pc.bwd_s - pc.rec_s
+                                                             - sum(pc.bwd_comm.values()))
         out.append(StageCost(fwd_compute_s=sum(pc.fwd_s for pc in pieces),
                              bwd_compute_s=sum(pc.bwd_s for pc in pieces), fwd_comm=fc, bwd_comm=bc,
                              recompute_s=sum(pc.rec_s for pc in pieces), layers=tuple(lay),
@@ -356,10 +371,21 @@ def build_plan(sc) -> Plan:
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules)
     coster = CommCoster(inst, shapes, cl.nodes)
+    # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
+    # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
+    gemm_in = WEIGHT_BYTES if w.lora_rank else min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
+    frozen_mlp = bool(w.lora_rank) and w.lora_modules == "attention"
+    offload_s = {}
+    if par.offload_activations:    # pp 1 (the scenario enforces it): the stage holds every layer
+        for i in layers[0][:par.offload_activations]:
+            act = layer_activation_bytes(model, i, micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp,
+                                         sequence_parallel=shard.sequence_parallel, recompute=par.recompute,
+                                         ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp)
+            offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                recompute_modules=par.recompute_modules,
-                               frozen_weights=w.lora_rank > 0)
+                               frozen_weights=w.lora_rank > 0, offload_s=offload_s)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
     pp_shape = shapes.get("pp")
@@ -411,10 +437,8 @@ def build_plan(sc) -> Plan:
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    recompute_modules=par.recompute_modules,
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
-                                   # LoRA: the frozen base GEMMs keep no inputs; the 16-bit adapters keep theirs
-                                   gemm_input_bytes=WEIGHT_BYTES if w.lora_rank else
-                                   min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES)),
-                                   frozen_mlp=bool(w.lora_rank) and w.lora_modules == "attention")
+                                   gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
+                                   offload_layers=par.offload_activations)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
@@ -423,7 +447,7 @@ def build_plan(sc) -> Plan:
             mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / weight_bytes,
                                     gradients=grad_bytes * local_dense,
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
-                                    logits=mem_s.logits)
+                                    logits=mem_s.logits, host_offload=mem_s.host_offload)
         mem.append(mem_s)
     return Plan(
         name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
@@ -435,6 +459,7 @@ def build_plan(sc) -> Plan:
         pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,
+        offload_layers=par.offload_activations,
     )
 
 

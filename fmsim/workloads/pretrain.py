@@ -188,7 +188,7 @@ def _breakdown(plan: Plan, run: RunResult, jobs: Sequence[Job] = ()) -> tuple[di
     dp_exposed += first_fwd
     dp_exposed += sum(j.overlap_s for j in jobs if j.stream == f"stage{crit}")
     out = {"compute": comp, "recompute": recompute}
-    for k in ("tp", "cp", "ep"):
+    for k in ("tp", "cp", "ep", "offload"):
         if comm.get(k):
             out[f"comm_{k}"] = comm[k]
     straggle = run.end_s.get(f"straggle{crit}", 0.0) - run.start_s.get(f"straggle{crit}", 0.0)
@@ -281,7 +281,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                for c in range(vpp))
     rec = sum(m * plan.virtual_stage(crit, c).recompute_s for c in range(vpp))
     out = {"compute": comp, "recompute": rec}
-    for k in ("tp", "cp", "ep"):
+    for k in ("tp", "cp", "ep", "offload"):
         v = sum(m * (plan.virtual_stage(crit, c).fwd_comm.get(k, 0.0) + plan.virtual_stage(crit, c).bwd_comm.get(k, 0.0))
                 for c in range(vpp))
         if v:
@@ -297,6 +297,8 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
 def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan, fits: bool,
                         mem_total: float) -> tuple[str, str]:
     """(short name, one sentence) of what limits the step and what would relieve it."""
+    if not fits and mem_total <= plan.hbm_bytes:
+        return "memory", "does not fit: the offloaded activations exceed the node's host memory"
     if not fits:
         return "memory", (f"does not fit: {mem_total / 2**30:.1f} GiB needed per GPU of "
                           f"{plan.hbm_bytes / 2**30:.0f} GiB; raise tp/pp, use recompute or ZeRO")
@@ -311,6 +313,7 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
         "comm_dp": "exposed data-parallel communication: overlap grad reduce, larger buckets, faster EFA",
         "comm_ep": "expert all-to-all: smaller ep, EP inside the scale-up domain, or faster scale-out",
         "comm_cp": "context-parallel exchange: smaller cp or longer attention blocks to hide it",
+        "comm_offload": "activation copies to host memory: offload fewer layers, or a faster host link (Grace C2C)",
         "optimizer": "optimizer step: shard it wider (ZeRO over more ranks)",
         "recompute": "activation recompute: selective instead of full, or more memory per GPU",
     }.get(worst, worst)
@@ -325,6 +328,12 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     worst = max(range(plan.pp), key=lambda s: mem[s].total)
     mem_total = mem[worst].total
     fits = mem_total <= plan.hbm_bytes
+    # offloaded activations live in the node's host memory, shared by its accelerators
+    host_need = mem[worst].host_offload * plan.instance.num_accelerators
+    host_have = plan.instance.host_memory_bytes
+    host_fits = not (host_need and host_have) or host_need <= host_have
+    hbm_fits = fits
+    fits = fits and host_fits
     # model FLOPs: every weight's matmuls and the full attention square (NeMo/Meta accounting);
     # hardware FLOPs add what recompute runs again: the whole forward (full), or the attention
     # score and value products (selective, Korthikanti et al. 2022 §5)
@@ -373,13 +382,19 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     det["checkpoint"] = {"bytes": good.checkpoint_bytes, "write_s": good.checkpoint_write_s,
                          "stall_s": good.checkpoint_stall_s, "failures_per_s": good.failures_per_s,
                          "young_interval_s": good.young_interval_s, "notes": list(good.notes)}
-    if not fits:
+    if not hbm_fits:
         # the typed error a strict caller would raise (plan.memory[s].require_fit); kept as text so
         # what-if faces can still show the step time of a plan that needs a bigger GPU
         try:
             mem[worst].require_fit(plan.hbm_bytes, where=f"pipeline stage {worst}")
         except OutOfMemoryError as exc:
             det["memory_error"] = str(exc)
+    elif not host_fits:
+        det["memory_error"] = (f"offloaded activations need {host_need / 2**30:.1f} GiB of host memory per node "
+                               f"of {host_have / 2**30:.0f} GiB (expected fewer offloaded layers)")
+    if host_need:
+        det["activation_offload"] = {"layers": plan.offload_layers, "host_bytes_per_gpu": mem[worst].host_offload,
+                                     "host_bytes_per_node": host_need, "host_memory_per_node": host_have}
     det["memory_by_stage"] = [m.as_dict() for m in mem]
     det["price_source"] = price.source
     return Result(scenario=sc.name, kind=sc.workload.kind, instance=plan.instance.name, nodes=nodes,
