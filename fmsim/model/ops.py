@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
-from .kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S, attention_length_efficiency, gemm_k0, wave_efficiency
+from .kernels import (BYTES_PER_ELEMENT, KERNEL_FIXED_S, attention_length_efficiency, gemm_k0, gemm_k_efficiency,
+                      wave_efficiency)
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
@@ -267,9 +268,14 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # written by QK^T (2 B), read and written by the fused scale-mask-softmax (4 B), dropout
         # reads them and writes output and mask (5 B), AV reads them (2 B) -- 13 B per score
         # (Korthikanti et al. 2022 §4.1 counts the same tensors: 5·a·s·b stored bytes per token).
+        # The two products reduce over different depths -- QK^T over the head dimension, AV over the
+        # keys -- and each pays the GEMM k/(k+K0) fixed cost per output tile like every other GEMM.
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t
         scores = T * s_keys * model.heads / t
-        c.attention_s += max(attn_flops / rf.gemm_flop_per_s_bf16, 0.0) + scores * 13.0 / rf.hbm_bytes_per_s
+        qk, av = attn_flops * dqk / (dqk + dv), attn_flops * dv / (dqk + dv)
+        k0 = rf.gemm_k0_bf16
+        c.attention_s += (qk / gemm_k_efficiency(dqk / model.heads, k0) + av / gemm_k_efficiency(s_keys, k0)) \
+            / rf.gemm_flop_per_s_bf16 + scores * 13.0 / rf.hbm_bytes_per_s
     else:
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
         # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys
