@@ -245,6 +245,12 @@ def _print_result(sc: Any, res: Any) -> None:
         for part, n_bytes in res.memory.items():
             print(f"    {str(part).ljust(width - 2)}{format_column('x_bytes', n_bytes)}")
     details = res.details if isinstance(res.details, Mapping) else {}
+    offload = details.get("activation_offload")
+    if isinstance(offload, Mapping):
+        print(f"  host memory (activation offload, {offload.get('layers')} layers)")
+        for label, key in (("per GPU", "host_bytes_per_gpu"), ("per node", "host_bytes_per_node"),
+                           ("node has", "host_memory_per_node")):
+            print(f"    {label.ljust(width - 2)}{format_column('x_bytes', offload.get(key))}")
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")

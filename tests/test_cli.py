@@ -463,3 +463,12 @@ def test_console_script_module_never_shows_a_traceback(tmp_path):
             "train_tokens)"
         )
     ]
+
+
+def test_run_shows_the_host_memory_of_offloaded_activations(capsys):
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "validation" / "training" / "mb2511-gb200-02.yaml"
+    code, out, _ = run_cli(capsys, "run", path)
+    assert code == 0
+    block = out.split("host memory (activation offload, 40 layers)", 1)[1].splitlines()[1:4]
+    assert [line.split()[0:2] for line in block] == [["per", "GPU"], ["per", "node"], ["node", "has"]]
+    assert "comm_offload" in out
