@@ -274,6 +274,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     offload: out after the layer's forward, back ahead of its backward); what the pass cannot cover
     waits in the open, filed under ``offload``."""
     rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel)
+    offload_s = offload_s or {}
     per_layer: dict[tuple[bool, bool], _Piece] = {}
 
     def layer_piece(i: int) -> _Piece:
@@ -327,7 +328,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             for k, t in pc.bwd_comm.items():
                 bc[k] = bc.get(k, 0.0) + t
         for i in lay:
-            copy = (offload_s or {}).get(i, 0.0)
+            copy = offload_s.get(i, 0.0)
             if copy:
                 pc = layer_piece(i)           # the neighbouring layer's pass, as long as this one's
                 fc["offload"] = fc.get("offload", 0.0) + max(0.0, copy - pc.fwd_s - sum(pc.fwd_comm.values()))
@@ -373,7 +374,8 @@ def build_plan(sc) -> Plan:
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
-    gemm_in = WEIGHT_BYTES if w.lora_rank else min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
+    low_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))   # the GEMMs' input precision
+    gemm_in = WEIGHT_BYTES if w.lora_rank else low_bytes
     frozen_mlp = bool(w.lora_rank) and w.lora_modules == "attention"
     offload_s = {}
     if par.offload_activations:    # pp 1 (the scenario enforces it): the stage holds every layer
@@ -443,8 +445,7 @@ def build_plan(sc) -> Plan:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
             # weights in the MLPerf Llama 2 70B LoRA submissions)
-            frozen_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))
-            mem_s = MemoryBreakdown(weights=mem_s.weights * frozen_bytes / weight_bytes,
+            mem_s = MemoryBreakdown(weights=mem_s.weights * low_bytes / weight_bytes,
                                     gradients=grad_bytes * local_dense,
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits, host_offload=mem_s.host_offload)
