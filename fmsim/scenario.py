@@ -139,7 +139,7 @@ PARALLELISM_KEYS = (
     "overlap",
     "order",
 )
-OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "ep_comm")
+OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "ep_comm")
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
@@ -169,6 +169,10 @@ class Overlap:
     grad_reduce: bool = True  # bucketed gradient reduce-scatter/all-reduce during backward
     param_gather: bool = True  # ZeRO/FSDP parameter all-gather prefetched during forward
     tp_comm: bool = False  # TP all-gather/reduce-scatter overlapped with GEMMs
+    # the backward's TP collectives of a column-parallel layer issued asynchronously behind its own
+    # data- and weight-gradient GEMMs (Megatron-LM since 2022, Transformer Engine); false for the
+    # Megatron-LM of 2020-21, which ran them in line
+    tp_backward: bool = True
     # EP dispatch/combine of one micro-batch behind another's compute (Megatron-Core
     # --overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)
     ep_comm: bool = False
@@ -1145,6 +1149,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             grad_reduce=ov.boolean("grad_reduce", True),
             param_gather=ov.boolean("param_gather", True),
             tp_comm=ov.boolean("tp_comm", False),
+            tp_backward=ov.boolean("tp_backward", True),
             ep_comm=ov.boolean("ep_comm", False),
         )
     )
@@ -1519,6 +1524,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,
             "tp_comm": par.overlap.tp_comm,
+            "tp_backward": par.overlap.tp_backward,
             "ep_comm": par.overlap.ep_comm,
         },
         "order": list(par.order),

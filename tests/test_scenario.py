@@ -78,7 +78,7 @@ def test_every_field_of_the_contract_is_accepted():
     assert wl.train_tokens == 2e9
     assert (p.tp, p.pp, p.dp, p.ep, p.vpp, p.schedule) == (2, 2, 8, 4, 2, "interleaved")
     assert p.zero == 3 and p.recompute == "full"
-    assert p.overlap == fmsim.scenario.Overlap(grad_reduce=True, param_gather=False, tp_comm=True)
+    assert p.overlap == fmsim.scenario.Overlap(grad_reduce=True, param_gather=False, tp_comm=True, tp_backward=False)
     assert p.order == ("tp", "ep", "cp", "pp", "dp")
     assert (cl.nodes, cl.gpus, cl.oversubscription) == (4, 32, 2.0)
     assert cl.instance.num_nics == 16 and cl.instance.nic_bytes_per_s == 25e9  # 200 Gbps
@@ -496,6 +496,7 @@ def scenario_mappings(draw) -> dict:
                 "grad_reduce": draw(st.booleans()),
                 "param_gather": draw(st.booleans()),
                 "tp_comm": draw(st.booleans()),
+                "tp_backward": draw(st.booleans()),
             },
             "order": draw(st.permutations(["tp", "cp", "ep", "pp", "dp"])),
         },

@@ -411,6 +411,52 @@ def test_an_overlapped_tp_collective_hides_only_behind_its_own_gemm():
     assert _exposed(coster, cost, False)["tp"] == pytest.approx(3e-3)
 
 
+def _tp_backward(sequence_parallel: bool, frozen: bool = False):
+    from fmsim.model.ops import PassCost, Roofline, Shard, _tp_region_comms, backward_of
+
+    fwd = PassCost()
+    _tp_region_comms(fwd, Shard(micro_batch=1, seq_len=4096, tp=8, sequence_parallel=sequence_parallel),
+                     1e6, gemm_in_s=2e-3, gemm_out_s=1e-3)
+    return backward_of(fwd, frozen_weights=frozen).comms
+
+
+def test_the_backward_of_a_tp_region_is_what_megatron_and_te_issue():
+    # SP: the row-parallel layer gathers its output gradient (before its data gradient); the
+    # column-parallel layer gathers its input again beside its data gradient and reduce-scatters
+    # the input gradient beside its weight gradient -- the last two asynchronously
+    sp = [(r.op, r.overlappable_s, r.asynchronous) for r in _tp_backward(True)]
+    assert sorted(sp) == sorted([("all-gather", 2e-3, True), ("reduce-scatter", 2e-3, True),
+                                 ("all-gather", 1e-3, False)])
+    # no SP: one all-reduce of the input gradient, behind the weight-gradient GEMM
+    assert [(r.op, r.overlappable_s, r.asynchronous) for r in _tp_backward(False)] == [("all-reduce", 2e-3, True)]
+    # frozen weights (LoRA): no weight gradient -- no input to gather again, nothing async to hide behind
+    frozen = [(r.op, r.asynchronous) for r in _tp_backward(True, frozen=True)]
+    assert sorted(frozen) == sorted([("reduce-scatter", False), ("all-gather", False)])
+
+
+def test_async_tp_backward_hides_behind_the_gradient_gemms_and_megatron_2021_did_not():
+    base = {"parallelism.tp": 8, "parallelism.sequence_parallel": False, "parallelism.overlap.tp_comm": False}
+    on = build_plan(scenario(**base))
+    off = build_plan(scenario(**base, **{"parallelism.overlap.tp_backward": False}))
+    bwd = lambda plan: sum(s.bwd_comm.get("tp", 0.0) for s in plan.stages)      # noqa: E731
+    fwd = lambda plan: sum(s.fwd_comm.get("tp", 0.0) for s in plan.stages)      # noqa: E731
+    assert 0.0 < bwd(on) < bwd(off)
+    assert fwd(on) == pytest.approx(fwd(off))
+    assert fmsim.estimate(scenario(**base)).metrics["step_time_s"] < \
+        fmsim.estimate(scenario(**base, **{"parallelism.overlap.tp_backward": False})).metrics["step_time_s"]
+
+
+def test_a_userbuffers_ring_exchange_costs_the_clock_only_and_a_bulk_overlap_its_sms():
+    from fmsim.model.ops import UB_RING_EXCHANGE_SMS, UB_SPLIT_SMS
+    from fmsim.parallel.strategy import overlap_slowdown
+
+    inst = fmsim.load_catalog().instance("p5.48xlarge")
+    clock_only = 1.0 - inst.accelerator.overlap_clock_ratio
+    assert overlap_slowdown(inst, 0) == pytest.approx(clock_only)
+    assert clock_only < overlap_slowdown(inst, UB_RING_EXCHANGE_SMS) < overlap_slowdown(inst, UB_SPLIT_SMS) \
+        < overlap_slowdown(inst)
+
+
 def test_all_gather_context_parallelism_exposes_its_exchange_and_ring_hides_it():
     base = {"parallelism.cp": 2, "parallelism.dp": "auto", "workload.seq_len": 32768}
     ring = fmsim.estimate(scenario(**base))

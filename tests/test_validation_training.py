@@ -54,6 +54,46 @@ def test_korthikanti_table5_mean_error_within_4_percent():
     assert statistics.mean(kor) <= 4.0, f"mean {statistics.mean(kor):.2f} % over Table 5"
 
 
+#: Korthikanti et al. 2022 Table 4: forward and backward of one transformer layer of the 22B model
+#: (TP8, 8 A100, the KOR-01/02 configuration), in ms, by (recompute, sequence parallelism).
+KORTHIKANTI_TABLE4_MS = {
+    ("none", False): (7.7, 11.9),
+    ("none", True): (7.2, 11.8),
+    ("full", False): (7.7, 19.5),
+    ("selective", False): (7.7, 13.2),
+    ("selective", True): (7.2, 13.1),
+}
+
+
+def _layer_ms(sc, recompute: str, sp: bool) -> tuple[float, float]:
+    """One layer's forward and backward (recompute included) in ms: the 48-layer stage less a 47-layer one."""
+    import dataclasses
+
+    from fmsim.parallel.strategy import build_plan
+
+    par = dataclasses.replace(sc.parallelism, recompute=recompute, sequence_parallel=sp,
+                              recompute_modules=("core_attn",) if recompute == "selective" else ())
+
+    def stage(layers):
+        model = dataclasses.replace(sc.workload.model, layers=layers)
+        return build_plan(dataclasses.replace(sc, parallelism=par,
+                                              workload=dataclasses.replace(sc.workload, model=model))).stages[0]
+
+    a, b = stage(sc.workload.model.layers), stage(sc.workload.model.layers - 1)
+    return (a.fwd_s - b.fwd_s) * 1e3, (a.bwd_s - b.bwd_s) * 1e3
+
+
+def test_korthikanti_table4_layer_times_within_6_percent():
+    # the per-layer times behind Table 5: the forward as measured, the backward with its asynchronous
+    # TP collectives behind the weight-gradient GEMMs (the paper's §6.2 explains its 39 % full-recompute
+    # overhead by them); 2026-11-30: +3.3 .. +4.5 %
+    sc = load_scenario(ROOT / "scenarios" / "validation" / "training" / "kor-01.yaml")
+    for (recompute, sp), (fwd, bwd) in KORTHIKANTI_TABLE4_MS.items():
+        f, b = _layer_ms(sc, recompute, sp)
+        assert f == pytest.approx(fwd, rel=0.03), (recompute, sp, f)
+        assert f + b == pytest.approx(fwd + bwd, rel=0.06), (recompute, sp, f + b)
+
+
 def test_training_validation_does_not_regress_past_todays_level():
     s = summarize(rows())
     assert s.median_abs_pct <= GUARD_MEDIAN_PCT, f"median {s.median_abs_pct:.1f} %"

@@ -31,6 +31,12 @@ ATTENTION_BWD_FACTOR = 2.5
 GEMM_BWD_FACTOR = 2.0
 #: Elementwise kernels (norms, activations, residuals) move about twice the forward bytes backward.
 MEM_BWD_FACTOR = 2.0
+#: SMs Transformer Engine's userbuffers overlaps take from the GEMM beside them (module/base.py,
+#: initialize_ub default config): the copy-engine ring exchange of the all-gathers (qkv/fc1 fprop,
+#: proj/fc2 dgrad) runs on 1 SM with no margin carved out; the pipelined reduce-scatters (proj/fc2
+#: fprop) and the bulk overlaps (qkv/fc1 dgrad and wgrad) on 16, set aside from the GEMM.
+UB_RING_EXCHANGE_SMS = 1
+UB_SPLIT_SMS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +73,19 @@ class CommRequest:
     op: str                          # all-gather | reduce-scatter | all-reduce | all-to-all | send-recv
     size_bytes: float
     overlappable_s: float = 0.0      # compute it may hide behind (ring attention, TP overlap)
-    #: what the backward pass issues in its place, as (op, size multiple) pairs; empty: the
-    #: conjugate collective of the same size (all-gather <-> reduce-scatter, others repeat)
-    backward: tuple[tuple[str, float], ...] = ()
+    #: what the backward pass issues in its place, as (op, size multiple) pairs, or as
+    #: (op, size multiple, behind, gemm seconds) where ``behind`` names the backward GEMM of a TP
+    #: layer the collective runs beside (see TP_BACKWARD_HIDE); empty: the conjugate collective of the
+    #: same size (all-gather <-> reduce-scatter, others repeat)
+    backward: tuple[tuple, ...] = ()
     #: moved at the scale-out NIC's line rate rather than the fabric's NCCL efficiency (DeepEP)
     line_rate: bool = False
+    #: issued asynchronously by the framework itself (the backward's TP collectives of a column-
+    #: parallel layer): hidden behind ``overlappable_s`` without TP userbuffers, when the plan's
+    #: ``overlap.tp_backward`` holds
+    asynchronous: bool = False
+    #: SMs the overlap takes under Transformer Engine's userbuffers (None: as any collective)
+    ub_sms: int | None = None
 
 
 @dataclass(slots=True)
@@ -219,15 +233,35 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
     """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
     sequence parallelism, one all-reduce without (Korthikanti et al. 2022 §4.2.2, Fig. 5).
 
-    Each may hide behind the one GEMM it feeds or follows (``gemm_in_s``: the column-parallel GEMM
-    after the all-gather, ``gemm_out_s``: the row-parallel GEMM before the reduce-scatter) and no
+    Forward, each may hide behind the one GEMM it feeds or follows (``gemm_in_s``: the column-parallel
+    GEMM after the all-gather, ``gemm_out_s``: the row-parallel GEMM before the reduce-scatter) and no
     other: Transformer Engine's userbuffers overlap wraps one GEMM per collective (qkv_fprop and
-    fc1_fprop ring-exchange all-gathers, proj_fprop and fc2_fprop pipelined reduce-scatters)."""
+    fc1_fprop ring-exchange all-gathers, proj_fprop and fc2_fprop pipelined reduce-scatters).
+
+    Backward, as Megatron-LM (``LinearWithGradAccumulationAndAsyncCommunication``) and Transformer
+    Engine run it:
+
+    - the row-parallel layer all-gathers its output gradient before its data-gradient GEMM (with SP):
+      hidden behind that GEMM only with userbuffers (TE ``proj_dgrad``/``fc2_dgrad``);
+    - the column-parallel layer, which saved only its sequence shard of the input, all-gathers the
+      input again for its weight gradient, asynchronously behind its data-gradient GEMM, then
+      reduce-scatters the input gradient behind its weight-gradient GEMM (TE ``ub_bulk_dgrad`` /
+      ``ub_bulk_wgrad``); without SP it all-reduces the input gradient behind the weight-gradient GEMM
+      (Megatron's async all-reduce, Korthikanti et al. 2022 §6.2: "we overlap all-reduce communication
+      with the linear weight's gradient computation"). Frozen weights (LoRA) have no weight gradient:
+      nothing to hide behind and no input to gather again.
+    """
     if sh.sequence_parallel:
-        c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s))
-        c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes, overlappable_s=gemm_out_s))
+        c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s,
+                                   backward=(("all-gather", 1.0, "regather", gemm_in_s),
+                                             ("reduce-scatter", 1.0, "wgrad", gemm_in_s)),
+                                   ub_sms=UB_RING_EXCHANGE_SMS))
+        c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes, overlappable_s=gemm_out_s,
+                                   backward=(("all-gather", 1.0, "dgrad", gemm_out_s),),
+                                   ub_sms=UB_SPLIT_SMS))
     else:
-        c.comms.append(CommRequest("tp", "all-reduce", size_bytes, overlappable_s=gemm_out_s))
+        c.comms.append(CommRequest("tp", "all-reduce", size_bytes, overlappable_s=gemm_out_s,
+                                   backward=(("all-reduce", 1.0, "wgrad", gemm_in_s),)))
 
 
 def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
@@ -411,8 +445,13 @@ def embedding_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     c = PassCost()
     c.memory_s += rf.memory(sh.tokens * model.hidden * 2 / (sh.tp if sh.sequence_parallel else 1))
     if sh.tp > 1:
-        op = "reduce-scatter" if sh.sequence_parallel else "all-reduce"
-        c.comms.append(CommRequest("tp", op, sh.tokens * model.hidden * rf.act_bytes))
+        # vocab-parallel lookup, then the partial embeddings summed; the backward of an all-reduce
+        # is the identity, of a reduce-scatter an all-gather
+        size = sh.tokens * model.hidden * rf.act_bytes
+        if sh.sequence_parallel:
+            c.comms.append(CommRequest("tp", "reduce-scatter", size))
+        else:
+            c.comms.append(CommRequest("tp", "all-reduce", size, backward=(("all-reduce", 0.0),)))
     return c
 
 
@@ -423,11 +462,16 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # the output layer stays in 16-bit under fp8/fp4 recipes: Megatron-Core builds it as a plain
     # tensor_parallel.ColumnParallelLinear, outside Transformer Engine's fp8 autocast
     _gemm(c, rf.at_16bit(), T, model.vocab / t, h)
+    out_s = c.gemm_s
     # softmax cross-entropy in fp32 over the local vocab shard: read logits, write probabilities
     c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1)) \
         + T * model.vocab / t * 4 * 3 / rf.hbm_bytes_per_s
     if t > 1 and sh.sequence_parallel:
-        c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes))
+        # a column-parallel layer: its backward gathers the input again and reduce-scatters the
+        # input gradient behind its own GEMMs (_tp_region_comms)
+        c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes,
+                                   backward=(("all-gather", 1.0, "regather", out_s),
+                                             ("reduce-scatter", 1.0, "wgrad", out_s))))
     return c
 
 
@@ -443,8 +487,23 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
     comms = []
     for r in fwd.comms:
         hide = r.overlappable_s * (gemm_factor if r.axis in ("tp", "ep") else ATTENTION_BWD_FACTOR)
-        for op, times in r.backward or ((conj.get(r.op, r.op), 1.0),):
-            comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide, line_rate=r.line_rate))
+        for op, times, *behind in r.backward or ((conj.get(r.op, r.op), 1.0),):
+            if not times:
+                continue                                 # nothing in its place (an all-reduce's identity)
+            if not behind:
+                comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide,
+                                         line_rate=r.line_rate))
+                continue
+            kind, gemm_s = behind
+            if frozen_weights and kind == "regather":
+                continue                                 # no weight gradient needs the full input
+            # a TP layer's backward GEMMs each take its forward GEMM's time (data and weight gradient).
+            # Frozen weights have no weight gradient: the input gradient's reduce-scatter can only be
+            # pipelined with the data-gradient GEMM itself, which takes userbuffers (TE ub_overlap_rs_dgrad)
+            asynchronous = kind != "dgrad" and not (frozen_weights and kind == "wgrad")
+            comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=gemm_s,
+                                     asynchronous=asynchronous,
+                                     ub_sms=UB_RING_EXCHANGE_SMS if kind == "dgrad" else UB_SPLIT_SMS))
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,

@@ -140,7 +140,7 @@ class Plan:
         return self.stages[chunk * self.pp + stage]
 
 
-def overlap_slowdown(instance: Instance) -> float:
+def overlap_slowdown(instance: Instance, comm_sms: int = COMM_SMS) -> float:
     """Share of its speed compute loses while a collective runs beside it.
 
     Two effects multiply: the collective's kernels occupy about 20 SMs (DeepSeek-V3 technical report,
@@ -149,10 +149,11 @@ def overlap_slowdown(instance: Instance) -> float:
     computing pushes the chip into its power cap, which lowers the core clock (the catalog's
     ``efficiency.overlap_clock``). Compute beside a collective runs at (1 - SMs/units) x that clock.
     Chips whose collectives run on dedicated engines (no SM count in the catalog: Trainium) lose the
-    clock share only."""
+    clock share only. ``comm_sms``: SMs the collective takes (Transformer Engine's userbuffers give a
+    copy-engine ring exchange 1 SM and its pipelined and bulk overlaps 16, carved out of the GEMM)."""
     acc = instance.accelerator
     units = acc.compute_units
-    sm_left = 1.0 - COMM_SMS / units if units else 1.0
+    sm_left = 1.0 - comm_sms / units if units else 1.0
     return 1.0 - sm_left * acc.overlap_clock_ratio
 
 
@@ -216,23 +217,30 @@ class CommCoster:
         return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate)
 
 
-def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool) -> dict[str, float]:
+def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool, tp_async: bool = True) -> dict[str, float]:
     """Exposed seconds of a pass's inline collectives, by axis.
 
     TP/EP collectives sit on the critical path between the GEMMs that produce and consume them
     (Megatron without ``--tp-comm-overlap``); with TP overlap (userbuffers pipelining, Wang et al.
     2023) each shows only where it outlasts the one GEMM it is paired with. CP ring exchanges hide
-    behind the attention blocks (Liu et al. 2023) except for what exceeds them.
+    behind the attention blocks (Liu et al. 2023) except for what exceeds them. The backward's
+    collectives of a column-parallel layer, which the framework itself issues asynchronously beside
+    its data- and weight-gradient GEMMs (``tp_async``: Megatron-LM since 2022, Transformer Engine),
+    hide behind those GEMMs with or without userbuffers.
     """
     out: dict[str, float] = {}
     share = overlap_slowdown(coster.instance)
     for req in cost.comms:
         t = coster.request(req)
-        if req.overlappable_s and (req.axis != "tp" or overlap_tp):
+        if req.overlappable_s and (req.axis != "tp" or overlap_tp or (req.asynchronous and tp_async)):
             # hidden behind the compute it overlaps -- for TP its own GEMM only -- which runs slower
-            # beside it: fewer SMs and a power-capped clock (overlap_slowdown)
+            # beside it: fewer SMs and a power-capped clock (overlap_slowdown); under userbuffers
+            # with the SMs Transformer Engine gives that overlap
+            sh = share
+            if req.axis == "tp" and overlap_tp and req.ub_sms is not None:
+                sh = overlap_slowdown(coster.instance, req.ub_sms)
             hidden = min(t, req.overlappable_s)
-            t = t - hidden + share * hidden
+            t = t - hidden + sh * hidden
         out[req.axis] = out.get(req.axis, 0.0) + t
     return out
 
@@ -251,8 +259,8 @@ class _Piece:
 
     @classmethod
     def of(cls, coster: CommCoster, fwd: PassCost, bwd: PassCost, rec: PassCost, overlap_tp: bool,
-           rec_extra_flops: float = 0.0) -> _Piece:
-        bc = _exposed(coster, bwd, overlap_tp)
+           rec_extra_flops: float = 0.0, tp_async: bool = True) -> _Piece:
+        bc = _exposed(coster, bwd, overlap_tp, tp_async)
         for k, t in _exposed(coster, rec, overlap_tp).items():
             bc[k] = bc.get(k, 0.0) + t
         return cls(fwd.compute_s, bwd.compute_s, rec.compute_s, _exposed(coster, fwd, overlap_tp), bc,
@@ -261,7 +269,7 @@ class _Piece:
 
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
-                      pp: int, vpp: int, frozen_weights: bool = False,
+                      pp: int, vpp: int, frozen_weights: bool = False, tp_async: bool = True,
                       recompute_modules: tuple[str, ...] = ("core_attn",),
                       offload_s: Mapping[int, float] | None = None) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
@@ -299,11 +307,12 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             else:
                 rec, extra = PassCost(), 0.0
             per_layer[key] = _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), rec,
-                                       overlap_tp, rec_extra_flops=extra)
+                                       overlap_tp, rec_extra_flops=extra, tp_async=tp_async)
         return per_layer[key]
 
     def simple_piece(fwd: PassCost) -> _Piece:
-        return _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), PassCost(), overlap_tp)
+        return _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), PassCost(), overlap_tp,
+                         tp_async=tp_async)
 
     embed = simple_piece(embedding_forward(model, shard, rf))
     head = simple_piece(logits_forward(model, shard, rf))
@@ -386,7 +395,7 @@ def build_plan(sc) -> Plan:
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
-                               recompute_modules=par.recompute_modules,
+                               tp_async=par.overlap.tp_backward, recompute_modules=par.recompute_modules,
                                frozen_weights=w.lora_rank > 0, offload_s=offload_s)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
