@@ -386,6 +386,28 @@ def test_bf16_gradient_reduction_halves_the_bucket_bytes_and_the_gradient_buffer
         scenario(**{"parallelism.grad_reduce_precision": "fp8"})
 
 
+def test_the_optimizer_step_streams_its_kernels_bytes_and_clears_the_whole_gradient_buffer():
+    from fmsim.model.kernels import BYTES_PER_ELEMENT
+    from fmsim.parallel.strategy import OPTIMIZER_BYTES_PER_PARAM
+
+    one = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.tp": 8,
+           "parallelism.dp": "auto", "workload.global_batch": 64}
+    z0 = build_plan(scenario(**one, **{"parallelism.zero": 0}))
+    z1 = build_plan(scenario(**one, **{"parallelism.zero": 1}))
+    acc = z0.instance.accelerator
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    # no sharding: norm, Adam and the copy back over every local parameter, then its fp32 grad cleared
+    local = z0.optimizer_s[0] * hbm / (OPTIMIZER_BYTES_PER_PARAM + BYTES_PER_ELEMENT["fp32"])
+    assert local == pytest.approx(z0.model.num_params / 8, rel=0.02)
+    # the distributed optimizer steps its 1/dp shard but still clears the whole local buffer
+    assert z1.optimizer_s[0] == pytest.approx(
+        (local / z1.dp * OPTIMIZER_BYTES_PER_PARAM + local * BYTES_PER_ELEMENT["fp32"]) / hbm, rel=1e-6)
+    # fp16 unscales the main grads first
+    fp16 = build_plan(scenario(**one, **{"parallelism.zero": 0, "workload.precision": "fp16",
+                                         "parallelism.grad_reduce_precision": "fp32"}))
+    assert fp16.optimizer_s[0] > z0.optimizer_s[0]
+
+
 def test_fp16_runs_reduce_fp16_gradients_unless_told_otherwise():
     base = {"parallelism.zero": 1}
     fp16 = scenario(**base, **{"workload.precision": "fp16"})

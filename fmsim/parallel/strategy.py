@@ -39,10 +39,14 @@ from ..model.ops import (
     logits_forward,
 )
 
-#: Adam step traffic per locally-owned parameter: read fp32 grad, master, m, v (16 B), write
-#: master, m, v (12 B) and the bf16 weight (2 B) -- a memory-bound fused kernel (Megatron's
-#: FusedAdam / apex multi-tensor apply).
-OPTIMIZER_BYTES_PER_PARAM = 30.0
+#: Optimizer step traffic per locally-owned parameter, as Megatron's mixed-precision optimizers run it
+#: (megatron/core/optimizer/optimizer.py: clip_grad_norm, then the step, then the copy back): the
+#: gradient norm reads the fp32 main grads (4 B); FusedAdam (apex multi-tensor apply) reads grad,
+#: master, m, v (16 B) and writes master, m, v (12 B); _copy_main_params_to_model_params reads the
+#: fp32 master and writes the 16-bit weight (6 B). Each is a memory-bound kernel.
+OPTIMIZER_BYTES_PER_PARAM = 38.0
+#: fp16 runs unscale the main grads first (multi_tensor_scale with the inf check: read and write 4 B).
+FP16_UNSCALE_BYTES_PER_PARAM = 8.0
 #: Gradient bucket: 40 M parameters, Megatron-Core's minimum bucket (its default grows to 1M·dp
 #: at large data parallelism; that variant was measured and fits the validation set worse, where
 #: DeepSpeed-era ZeRO runs reduce in small chunks), used for every framework.
@@ -441,7 +445,16 @@ def build_plan(sc) -> Plan:
                     g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
         owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
-        opt.append(owned * OPTIMIZER_BYTES_PER_PARAM / hbm)
+        step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM
+        if grad_bytes < BYTES_PER_ELEMENT["fp32"]:
+            # 16-bit gradient buffers: the owned shard is cast to fp32 main grads (read 2, write 4 B)
+            step_bytes += owned * (grad_bytes + BYTES_PER_ELEMENT["fp32"])
+        if w.precision == "fp16":
+            step_bytes += owned * FP16_UNSCALE_BYTES_PER_PARAM
+        # the next step's gradients start from zero: the whole local gradient buffer is cleared (sharded
+        # only under ZeRO-3/FSDP)
+        step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
+        opt.append(step_bytes / hbm)
         mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
