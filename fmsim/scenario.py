@@ -134,6 +134,7 @@ PARALLELISM_KEYS = (
     "grad_reduce_precision",
     "param_gather_precision",
     "offload_activations",
+    "gradient_accumulation_fusion",
     "cp_comm",
     "ep_dispatch",
     "overlap",
@@ -205,6 +206,11 @@ class Parallelism:
     # transformer layers whose activations wait in host memory between forward and backward
     # (Megatron-Core --cpu-offloading-num-layers; pp 1, no recompute, as Megatron-Core requires)
     offload_activations: int = 0
+    # the weight-gradient GEMM accumulates straight into the gradient buffer (Megatron-LM
+    # --gradient-accumulation-fusion, Transformer Engine fuse_wgrad_accumulation); false: it writes a
+    # 16-bit gradient that a hook adds into the buffer, per micro-batch (Megatron-LM of 2020-21,
+    # DeepSpeed's bf16 optimizer)
+    gradient_accumulation_fusion: bool = True
     # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
     # all-gather (gathered before attention, on the critical path: Llama 3)
     cp_comm: str = "ring"
@@ -1224,6 +1230,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                                         default_grad_reduce_precision(workload.precision)),
         param_gather_precision=param_gather,
         offload_activations=offload,
+        gradient_accumulation_fusion=ps.boolean("gradient_accumulation_fusion", True),
         cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,
@@ -1518,6 +1525,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),
+        **({} if par.gradient_accumulation_fusion else {"gradient_accumulation_fusion": False}),
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
         "overlap": {

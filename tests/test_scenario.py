@@ -492,6 +492,7 @@ def scenario_mappings(draw) -> dict:
             "sequence_parallel": draw(st.booleans()),
             "recompute": draw(st.sampled_from(["none", "selective", "full"])),
             "zero": draw(st.integers(0, 3)),
+            "gradient_accumulation_fusion": draw(st.booleans()),
             "overlap": {
                 "grad_reduce": draw(st.booleans()),
                 "param_gather": draw(st.booleans()),

@@ -408,6 +408,29 @@ def test_the_optimizer_step_streams_its_kernels_bytes_and_clears_the_whole_gradi
     assert fp16.optimizer_s[0] > z0.optimizer_s[0]
 
 
+def test_unfused_gradient_accumulation_adds_a_pass_over_the_gradient_buffer_per_micro_batch():
+    from fmsim.model.kernels import BYTES_PER_ELEMENT
+    from fmsim.model.memory import stage_params
+
+    base = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.tp": 8,
+            "parallelism.dp": "auto", "workload.global_batch": 64}
+    fused = build_plan(scenario(**base))
+    hooked = build_plan(scenario(**base, **{"parallelism.gradient_accumulation_fusion": False}))
+    acc = fused.instance.accelerator
+    model = fused.model
+    local = stage_params(model, list(range(model.layers)), True, True, 1)[0] / 8
+    # read the 16-bit gradient, read and write the fp32 buffer: 10 B per parameter, every micro-batch
+    extra = local * (2 + 2 * BYTES_PER_ELEMENT["fp32"]) / (acc.hbm_bytes_per_s * acc.hbm_efficiency)
+    assert hooked.stages[0].bwd_compute_s - fused.stages[0].bwd_compute_s == pytest.approx(extra, rel=1e-9)
+    assert hooked.stages[0].fwd_compute_s == fused.stages[0].fwd_compute_s
+    one, many = ({**base, "parallelism.gradient_accumulation_fusion": False, "workload.micro_batch": mb}
+                 for mb in (1, 2))
+    # a cost per micro-batch: the step pays it once per micro-batch
+    assert fmsim.estimate(scenario(**one)).metrics["step_time_s"] - fmsim.estimate(scenario(**base)).metrics[
+        "step_time_s"] > fmsim.estimate(scenario(**many)).metrics["step_time_s"] - fmsim.estimate(
+        scenario(**{**base, "workload.micro_batch": 2})).metrics["step_time_s"] > 0
+
+
 def test_fp16_runs_reduce_fp16_gradients_unless_told_otherwise():
     base = {"parallelism.zero": 1}
     fp16 = scenario(**base, **{"workload.precision": "fp16"})

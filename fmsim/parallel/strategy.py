@@ -354,6 +354,28 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     return tuple(out)
 
 
+def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
+                                    pp: int, tp: int, ep: int, etp: int, grad_bytes: float,
+                                    hbm: float) -> tuple[StageCost, ...]:
+    """Stages whose backward also adds each weight gradient into the gradient buffer, per micro-batch.
+
+    Without gradient-accumulation fusion the weight-gradient GEMM writes a 16-bit gradient and a hook
+    adds it into the buffer (Megatron-LM's DDP ``param.main_grad.add_(param.grad.data)``, DeepSpeed's
+    bf16 optimizer into its fp32 copy): one memory-bound pass that reads the 16-bit gradient and reads
+    and writes the buffer, over every trainable parameter a rank holds."""
+    n = len(stages)
+    out = []
+    for v, st in enumerate(stages):
+        if w.lora_rank:
+            dense, expert = float(sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layers[v])), 0.0
+        else:
+            dense, expert = stage_params(model, layers[v], v == 0, v == n - 1, pp)
+        local = dense / tp + expert / (etp * ep)
+        extra = local * (BYTES_PER_ELEMENT["bf16"] + 2 * grad_bytes) / hbm
+        out.append(dataclasses.replace(st, bwd_compute_s=st.bwd_compute_s + extra))
+    return tuple(out)
+
+
 def build_plan(sc) -> Plan:
     """Validate and derive everything a training simulation needs from a Scenario."""
     w, par, cl = sc.workload, sc.parallelism, sc.cluster
@@ -401,6 +423,10 @@ def build_plan(sc) -> Plan:
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, recompute_modules=par.recompute_modules,
                                frozen_weights=w.lora_rank > 0, offload_s=offload_s)
+    if not par.gradient_accumulation_fusion:
+        stages = _with_unfused_grad_accumulation(stages, model, w, layers, pp=pp, tp=tp, ep=ep, etp=etp,
+                                                 grad_bytes=BYTES_PER_ELEMENT[par.grad_reduce_precision],
+                                                 hbm=inst.accelerator.hbm_bytes_per_s * inst.accelerator.hbm_efficiency)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
     pp_shape = shapes.get("pp")
