@@ -178,11 +178,19 @@ def test_scale_up_bandwidth_is_half_the_bidirectional_nvlink_figure():
         assert CAT.accelerator(name).scale_up_bytes_per_s == pytest.approx(bidir / 2 * 1e9), name
 
 
+#: Chips whose GEMM figure is read back from a training stack rather than taken from the matmul sweep
+#: (the sweep's best shape stays an upper bound): A100, from Korthikanti et al.'s per-layer Table 4.
+READ_BACK_GEMM = {"a100-40gb", "a100-80gb"}
+
+
 def test_gemm_efficiency_is_the_measured_matmul_fraction_of_peak():
     for name, (measured, peak) in MEASURED_BF16_MATMUL.items():
         acc = CAT.accelerator(name)
         assert acc.peak("bf16") == pytest.approx(peak * 1e12)
-        assert acc.gemm_efficiency["bf16"] == pytest.approx(measured / peak, abs=0.006), name
+        if name in READ_BACK_GEMM:
+            assert acc.gemm_efficiency["bf16"] <= measured / peak, name
+        else:
+            assert acc.gemm_efficiency["bf16"] == pytest.approx(measured / peak, abs=0.006), name
 
 
 def test_narrow_precisions_never_get_a_higher_gemm_fraction_than_bf16():
@@ -429,3 +437,49 @@ def test_training_attention_efficiencies_re_derive_from_nvidia_long_sequence_tab
         acc = cat.instance(name).accelerator
         assert statistics.median(values) == pytest.approx(acc.attention_efficiency, abs=0.01), name
     assert cat.accelerator("h200").attention_efficiency == cat.accelerator("h100-sxm").attention_efficiency
+
+
+def test_a100_gemm_efficiency_re_derives_from_korthikanti_table4():
+    """The catalog's A100 GEMM figure is the one at which the model times one layer of Korthikanti et al.'s
+    22B model (KOR-01's layout) as their Table 4 does, in all five configurations: least squares on the log
+    ratios of the ten forward and backward times over a 0.005 grid."""
+    import csv
+    import dataclasses
+    import math
+
+    from fmsim.parallel.strategy import build_plan
+    from fmsim.scenario import load_scenario
+
+    root = Path(__file__).resolve().parent.parent
+    rows = list(csv.DictReader(line for line in (root / "hardware_catalog" / "measurements" /
+                                                  "korthikanti_table4.csv").open() if not line.startswith("#")))
+    assert len(rows) == 5
+    cat = load_catalog()
+    base = load_scenario(root / "scenarios" / "validation" / "training" / "kor-01.yaml")
+    inst = base.cluster.instance
+
+    def rms(eff: float) -> float:
+        acc = dataclasses.replace(inst.accelerator, gemm_efficiency={**inst.accelerator.gemm_efficiency,
+                                                                     "bf16": eff, "fp16": eff})
+        cluster = dataclasses.replace(base.cluster, instance=dataclasses.replace(inst, accelerator=acc))
+        errs = []
+        for r in rows:
+            rec, sp = r["recompute"], r["sequence_parallel"] == "true"
+            par = dataclasses.replace(base.parallelism, recompute=rec, sequence_parallel=sp,
+                                      recompute_modules=("core_attn",) if rec == "selective" else ())
+
+            def stage(layers, par=par):
+                model = dataclasses.replace(base.workload.model, layers=layers)
+                sc = dataclasses.replace(base, parallelism=par, cluster=cluster,
+                                         workload=dataclasses.replace(base.workload, model=model))
+                return build_plan(sc).stages[0]
+
+            a, b = stage(48), stage(47)
+            errs += [math.log((a.fwd_s - b.fwd_s) * 1e3 / float(r["forward_ms"])),
+                     math.log((a.bwd_s - b.bwd_s) * 1e3 / float(r["backward_ms"]))]
+        return math.sqrt(sum(e * e for e in errs) / len(errs))
+
+    grid = [round(0.80 + 0.005 * i, 3) for i in range(17)]
+    best = min(grid, key=rms)
+    assert best == pytest.approx(cat.accelerator("a100-80gb").gemm_efficiency["bf16"], abs=1e-9)
+    assert rms(best) < 0.015

