@@ -250,12 +250,14 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     dp = sum(plan.dp_buckets[crit])
     if plan.zero >= 3:
         # FSDP: per task one all-gather (forward and backward) and per backward one reduce-scatter,
-        # on their own streams: exposed is what the compute of m·vpp tasks cannot cover, plus the
-        # first gather and the last reduce
-        tasks = m * vpp
-        ag = 2 * tasks * plan.dp_gather_s[crit] / vpp
-        rs = m * dp
-        dp_exposed = max(0.0, max(ag, rs) - m * per_stage[crit]) + plan.dp_gather_s[crit] / vpp + dp / vpp
+        # on their own streams over the same links. The first gather precedes all compute and the last
+        # reduce follows it; the others run beside the compute of the m·vpp tasks, which they slow (as
+        # in the engine). The step is the longer of the stretched compute and the serial traffic.
+        first_ag, last_rs = plan.dp_gather_s[crit] / vpp, dp / vpp
+        beside = 2 * m * plan.dp_gather_s[crit] - first_ag + m * dp - last_rs
+        compute = m * per_stage[crit]
+        stretched = compute + plan.overlap_slowdown * min(compute, beside) + first_ag + last_rs
+        dp_exposed = max(stretched, first_ag + beside + last_rs) - compute
         gather = 0.0
     else:
         sm = plan.overlap_slowdown
