@@ -74,9 +74,10 @@ class CommRequest:
     size_bytes: float
     overlappable_s: float = 0.0      # compute it may hide behind (ring attention, TP overlap)
     #: what the backward pass issues in its place, as (op, size multiple) pairs, or as
-    #: (op, size multiple, behind, gemm seconds) where ``behind`` names the backward GEMM of a TP
-    #: layer the collective runs beside (see TP_BACKWARD_HIDE); empty: the conjugate collective of the
-    #: same size (all-gather <-> reduce-scatter, others repeat)
+    #: (op, size multiple, behind, gemm seconds) where ``behind`` says which backward GEMM of a TP
+    #: layer the collective runs beside -- "dgrad", "wgrad", or "regather" (the input gathered again
+    #: beside the data gradient), see _tp_region_comms; empty: the conjugate collective of the same
+    #: size (all-gather <-> reduce-scatter, others repeat)
     backward: tuple[tuple, ...] = ()
     #: moved at the scale-out NIC's line rate rather than the fabric's NCCL efficiency (DeepEP)
     line_rate: bool = False

@@ -367,10 +367,11 @@ def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelS
     out = []
     for v, st in enumerate(stages):
         if w.lora_rank:
-            dense, expert = float(sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layers[v])), 0.0
+            local = sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layers[v]) / tp
         else:
             dense, expert = stage_params(model, layers[v], v == 0, v == n - 1, pp)
-        local = dense / tp + expert / (etp * ep)
+            # as the gradient buffer holds them: the rank's share, its copies of K/V heads, its experts
+            local = dense / tp + model.replicated_kv_params(tp) * len(layers[v]) + expert / (etp * ep)
         extra = local * (BYTES_PER_ELEMENT["bf16"] + 2 * grad_bytes) / hbm
         out.append(dataclasses.replace(st, bwd_compute_s=st.bwd_compute_s + extra))
     return tuple(out)
