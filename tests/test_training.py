@@ -304,6 +304,30 @@ def test_deepep_dispatch_exposes_less_expert_traffic_than_nccl_all_to_all():
         scenario(**{"parallelism.ep_dispatch": "nvshmem"})
 
 
+def test_expert_gradients_reduce_across_nodes_when_expert_parallelism_fills_the_node():
+    from fmsim.parallel.strategy import _edp_group
+    from fmsim.hardware.collectives import GroupShape
+
+    # 64 ranks of one stage, 8 per node; EP8 is one node, so the 8 ranks holding the same experts sit
+    # one per node, 8 ranks apart
+    shapes = {"tp": GroupShape(size=1, per_node=1), "cp": GroupShape(size=1, per_node=1),
+              "dp": GroupShape(size=64, per_node=8), "ep": GroupShape(size=8, per_node=8)}
+    edp = _edp_group(shapes, 8, ep=8, etp=1)
+    assert (edp.size, edp.per_node, edp.stride) == (8, 1, 8)
+    # EP2 leaves four expert-data-parallel ranks per node
+    shapes["ep"] = GroupShape(size=2, per_node=2)
+    assert _edp_group(shapes, 32, ep=2, etp=1).per_node == 4
+    # Mixtral 8x7B on 8 p5 nodes with EP8: the expert all-reduce leaves NVLink and costs more than inside it
+    base = {"workload.model": "mixtral-8x7b", "workload.seq_len": 4096, "workload.global_batch": 128,
+            "workload.micro_batch": 2, "cluster.nodes": 8, "parallelism.tp": 1, "parallelism.pp": 1,
+            "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.dp": "auto", "parallelism.ep": 8,
+            "parallelism.sequence_parallel": False, "parallelism.zero": 1}
+    plan = build_plan(scenario(**base))
+    assert plan.shapes["ep"].per_node == 8
+    one_node = build_plan(scenario(**{**base, "cluster.nodes": 1, "workload.global_batch": 16}))
+    assert sum(plan.dp_buckets[0]) > 3 * sum(one_node.dp_buckets[0])
+
+
 def test_overlapped_expert_dispatch_hides_behind_the_moe_block():
     plain = _dsv3()
     hidden = _dsv3(**{"parallelism.overlap.ep_comm": True})

@@ -457,7 +457,7 @@ def build_plan(sc) -> Plan:
         reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
         times = []
         for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
-                              (local_expert, _edp_group(shapes, edp))):
+                              (local_expert, _edp_group(shapes, edp, ep, etp))):
             if params <= 0 or shape.size <= 1:
                 continue
             nb = max(1, round(params / BUCKET_PARAMS))
@@ -467,7 +467,7 @@ def build_plan(sc) -> Plan:
         g = 0.0
         if par.zero >= 1:
             for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
-                                  (local_expert, _edp_group(shapes, edp))):
+                                  (local_expert, _edp_group(shapes, edp, ep, etp))):
                 if params > 0 and shape.size > 1:
                     g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
@@ -522,10 +522,18 @@ def _dp_group(dp_shape: GroupShape, cp: int, shapes: Mapping[str, GroupShape]) -
     return GroupShape(size=dp_shape.size * cp, per_node=min(per_node, dp_shape.size * cp))
 
 
-def _edp_group(shapes: Mapping[str, GroupShape], edp: int) -> GroupShape:
-    """Expert gradients reduce over the tp·dp·cp/(ep·etp) ranks holding the same experts."""
-    dp_shape = shapes["dp"]
-    return GroupShape(size=edp, per_node=max(1, min(dp_shape.per_node, edp)))
+def _edp_group(shapes: Mapping[str, GroupShape], edp: int, ep: int, etp: int) -> GroupShape:
+    """Expert gradients reduce over the tp·dp·cp/(ep·etp) ranks holding the same experts.
+
+    A pipeline stage's tp·cp·dp ranks are regrouped for the experts (Megatron-Core's MoE parallel
+    folding): expert TP innermost, then EP, then the expert-data-parallel ranks, which hold the same
+    experts and so sit ep·etp ranks apart. A node's share of the stage holds as many of them as it
+    holds whole EP·ETP groups -- one when EP fills or spans the node."""
+    stage_per_node = shapes["tp"].per_node * shapes["cp"].per_node * shapes["dp"].per_node
+    ep_per_node = shapes["ep"].per_node if "ep" in shapes else 1
+    etp_per_node = min(etp, shapes["tp"].per_node)
+    per_node = max(1, min(edp, stage_per_node // max(1, ep_per_node * etp_per_node)))
+    return GroupShape(size=edp, per_node=per_node, stride=1 if per_node > 1 else ep * etp)
 
 
 __all__ = ["Plan", "StageCost", "build_plan", "split_layers"]
