@@ -235,6 +235,13 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
     cost.kernels += 3
 
 
+def _column_parallel_sp_backward(gemm_s: float) -> tuple[tuple, ...]:
+    """The backward of a sequence-parallel column-parallel layer's input all-gather: the input gathered
+    again beside the data-gradient GEMM, the input gradient reduce-scattered beside the weight-gradient
+    GEMM (_tp_region_comms)."""
+    return (("all-gather", 1.0, "regather", gemm_s), ("reduce-scatter", 1.0, "wgrad", gemm_s))
+
+
 def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float = 0.0,
                      gemm_out_s: float = 0.0) -> None:
     """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
@@ -260,9 +267,7 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
     """
     if sh.sequence_parallel:
         c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s,
-                                   backward=(("all-gather", 1.0, "regather", gemm_in_s),
-                                             ("reduce-scatter", 1.0, "wgrad", gemm_in_s)),
-                                   ub_sms=UB_RING_EXCHANGE_SMS))
+                                   backward=_column_parallel_sp_backward(gemm_in_s), ub_sms=UB_RING_EXCHANGE_SMS))
         c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes, overlappable_s=gemm_out_s,
                                    backward=(("all-gather", 1.0, "dgrad", gemm_out_s),),
                                    ub_sms=UB_SPLIT_SMS))
@@ -486,11 +491,9 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1)) \
         + T * model.vocab / t * 4 * 3 / rf.hbm_bytes_per_s
     if t > 1 and sh.sequence_parallel:
-        # a column-parallel layer: its backward gathers the input again and reduce-scatters the
-        # input gradient behind its own GEMMs (_tp_region_comms)
+        # a column-parallel layer, with the same backward as the layers' (_tp_region_comms)
         c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes,
-                                   backward=(("all-gather", 1.0, "regather", out_s),
-                                             ("reduce-scatter", 1.0, "wgrad", out_s))))
+                                   backward=_column_parallel_sp_backward(out_s)))
     return c
 
 

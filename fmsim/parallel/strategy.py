@@ -354,6 +354,16 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     return tuple(out)
 
 
+def _local_trainable(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bool, *, pp: int, tp: int,
+                     ep: int, etp: int) -> tuple[float, float]:
+    """(dense, expert) trainable parameters one rank holds for these layers, as its gradient buffer
+    holds them: its TP share and its copies of K/V heads, its experts; under LoRA the adapters alone."""
+    if w.lora_rank:
+        return sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layer_ids) / tp, 0.0
+    dense, expert = stage_params(model, layer_ids, first, last, pp)
+    return dense / tp + model.replicated_kv_params(tp) * len(layer_ids), expert / (etp * ep)
+
+
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
                                     pp: int, tp: int, ep: int, etp: int, grad_bytes: float,
                                     hbm: float) -> tuple[StageCost, ...]:
@@ -366,12 +376,7 @@ def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelS
     n = len(stages)
     out = []
     for v, st in enumerate(stages):
-        if w.lora_rank:
-            local = sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layers[v]) / tp
-        else:
-            dense, expert = stage_params(model, layers[v], v == 0, v == n - 1, pp)
-            # as the gradient buffer holds them: the rank's share, its copies of K/V heads, its experts
-            local = dense / tp + model.replicated_kv_params(tp) * len(layers[v]) + expert / (etp * ep)
+        local = sum(_local_trainable(model, w, layers[v], v == 0, v == n - 1, pp=pp, tp=tp, ep=ep, etp=etp))
         extra = local * (BYTES_PER_ELEMENT["bf16"] + 2 * grad_bytes) / hbm
         out.append(dataclasses.replace(st, bwd_compute_s=st.bwd_compute_s + extra))
     return tuple(out)
@@ -424,10 +429,11 @@ def build_plan(sc) -> Plan:
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, recompute_modules=par.recompute_modules,
                                frozen_weights=w.lora_rank > 0, offload_s=offload_s)
+    acc = inst.accelerator
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     if not par.gradient_accumulation_fusion:
         stages = _with_unfused_grad_accumulation(stages, model, w, layers, pp=pp, tp=tp, ep=ep, etp=etp,
-                                                 grad_bytes=BYTES_PER_ELEMENT[par.grad_reduce_precision],
-                                                 hbm=inst.accelerator.hbm_bytes_per_s * inst.accelerator.hbm_efficiency)
+                                                 grad_bytes=BYTES_PER_ELEMENT[par.grad_reduce_precision], hbm=hbm)
     # pipeline point-to-point: one micro-batch's boundary activations (SP-split over TP ranks)
     act_bytes = 2.0 * w.micro_batch * w.seq_len / cp * model.hidden / (tp if shard.sequence_parallel else 1)
     pp_shape = shapes.get("pp")
@@ -442,22 +448,15 @@ def build_plan(sc) -> Plan:
     grad_bytes = BYTES_PER_ELEMENT[par.grad_reduce_precision]
     weight_bytes = BYTES_PER_ELEMENT[par.param_gather_precision]
     buckets, gathers, opt, mem = [], [], [], []
-    acc = inst.accelerator
-    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    dense_group, expert_group = _dp_group(dp_shape, cp, shapes), _edp_group(shapes, edp, ep, etp)
+    reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
     for s in range(pp):
         mine = [i for c in range(vpp) for i in layers[c * pp + s]]
-        dense, expert = stage_params(model, mine, s == 0, s == pp - 1, pp)
-        if w.lora_rank:
-            # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
-            dense = float(sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in mine))
-            expert = 0.0
-        local_dense, local_expert = dense / tp, expert / (etp * ep)
-        if not w.lora_rank:
-            local_dense += model.replicated_kv_params(tp) * len(mine)
-        reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
+        # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
+        local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
+                                                     etp=etp)
         times = []
-        for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
-                              (local_expert, _edp_group(shapes, edp, ep, etp))):
+        for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
             if params <= 0 or shape.size <= 1:
                 continue
             nb = max(1, round(params / BUCKET_PARAMS))
@@ -466,8 +465,7 @@ def build_plan(sc) -> Plan:
         buckets.append(tuple(times))
         g = 0.0
         if par.zero >= 1:
-            for params, shape in ((local_dense, _dp_group(dp_shape, cp, shapes)),
-                                  (local_expert, _edp_group(shapes, edp, ep, etp))):
+            for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
                 if params > 0 and shape.size > 1:
                     g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
