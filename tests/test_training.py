@@ -546,6 +546,30 @@ def test_the_fsdp_estimate_follows_the_engine_and_counts_the_last_reduce_once(ba
     assert est == pytest.approx(des, rel=0.10)
 
 
+def test_fsdp_gathers_unit_by_unit_and_each_unit_pays_its_own_collective():
+    """ZeRO-3/FSDP all-gathers each layer (and the embedding/output) on its own, ahead of its use: the
+    stage's gather is the sum of those collectives, one latency per unit, where ZeRO-1 gathers the
+    updated weights once in one collective."""
+    from fmsim.parallel.strategy import CommCoster, _fsdp_units, _local_trainable
+
+    over = {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.tp": 8,
+            "parallelism.dp": "auto", "parallelism.zero": 3, "workload.global_batch": 64}
+    sc = scenario(**over)
+    plan = build_plan(sc)
+    model, w = sc.workload.model, sc.workload
+    layers = list(range(model.layers))
+    units = _fsdp_units(model, w, layers, True, True, pp=1, tp=8, ep=1, etp=1)
+    assert len(units) == model.layers + 1                                # every layer, then the embedding/output
+    whole = _local_trainable(model, w, layers, True, True, pp=1, tp=8, ep=1, etp=1)
+    assert sum(d for d, _ in units) == pytest.approx(whole[0])           # nothing gathered twice or left out
+    coster = CommCoster(sc.cluster.instance, plan.shapes, plan.nodes)
+    per_unit = sum(coster.cost("all-gather", d * 2, plan.shapes["dp"]) for d, _ in units)
+    assert plan.dp_gather_s[0] == pytest.approx(per_unit)
+    assert plan.dp_gather_s[0] > coster.cost("all-gather", whole[0] * 2, plan.shapes["dp"])
+    zero1 = build_plan(scenario(**{**over, "parallelism.zero": 1}))
+    assert zero1.dp_gather_s[0] == pytest.approx(coster.cost("all-gather", whole[0] * 2, plan.shapes["dp"]))
+
+
 def test_without_a_pipeline_there_is_no_bubble_and_overlap_slowdown_is_data_parallel_cost():
     # FSDP on one stage: the gathers and reduce-scatters run beside compute and slow it (SMs, clock);
     # that time is the data-parallel communication's cost, as the analytical estimate books it

@@ -364,6 +364,17 @@ def _local_trainable(model: ModelSpec, w, layer_ids: list[int], first: bool, las
     return dense / tp + model.replicated_kv_params(tp) * len(layer_ids), expert / (etp * ep)
 
 
+def _fsdp_units(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bool, *, pp: int, tp: int, ep: int,
+                etp: int) -> list[tuple[float, float]]:
+    """(dense, expert) parameters of each unit ZeRO-3/FSDP gathers on its own: one per transformer layer
+    (PyTorch FSDP wraps each block; DeepSpeed fetches each block's submodules as the forward reaches
+    them), and the embedding and output layer as one more."""
+    units = [_local_trainable(model, w, [i], False, False, pp=pp, tp=tp, ep=ep, etp=etp) for i in layer_ids]
+    dense, expert = _local_trainable(model, w, layer_ids, first, last, pp=pp, tp=tp, ep=ep, etp=etp)
+    rest = (dense - sum(d for d, _ in units), expert - sum(e for _, e in units))
+    return units + ([rest] if rest[0] > 0 or rest[1] > 0 else [])
+
+
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
                                     pp: int, tp: int, ep: int, etp: int, grad_bytes: float,
                                     hbm: float) -> tuple[StageCost, ...]:
@@ -465,9 +476,14 @@ def build_plan(sc) -> Plan:
         buckets.append(tuple(times))
         g = 0.0
         if par.zero >= 1:
-            for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
-                if params > 0 and shape.size > 1:
-                    g += coster.cost("all-gather", params * weight_bytes, shape)
+            # ZeRO-1/2 gathers the updated weights once a step, one collective of the stage's share;
+            # ZeRO-3/FSDP gathers them unit by unit ahead of their use, each unit its own collective
+            units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
+                if par.zero >= 3 else ((local_dense, local_expert),)
+            for dense, expert in units:
+                for params, shape in ((dense, dense_group), (expert, expert_group)):
+                    if params > 0 and shape.size > 1:
+                        g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
         owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
         step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM
