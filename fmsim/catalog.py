@@ -136,6 +136,13 @@ class Fabric:
     efficiency: float              # achievable fraction of line rate (bus-bandwidth efficiency)
     source: str
     in_network_reduction: bool = False
+    #: fraction of line rate NCCL's classic ring streams through the NICs; 0 = ``efficiency``
+    ring_efficiency: float = 0.0
+
+    @property
+    def ring_fraction(self) -> float:
+        """Fraction of line rate a ring's stream reaches through the NICs (``efficiency`` if not known)."""
+        return self.ring_efficiency or self.efficiency
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -481,6 +488,7 @@ def _load_fabric(name: str, e: _Entry) -> Fabric:
         nic_bytes_per_s=e.get("nic_bandwidth", parse=parse_rate),
         latency_s=e.get("latency", parse=parse_time),
         efficiency=e.get("efficiency", parse=_fraction),
+        ring_efficiency=e.get("ring_efficiency", 0.0, parse=_fraction),
         in_network_reduction=bool(e.get("in_network_reduction", False)),
         source=e.source(),
     )

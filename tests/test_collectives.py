@@ -105,6 +105,33 @@ def test_ring_across_nodes_is_bound_by_the_nics_of_the_node():
     assert c.busbw_bytes_per_s == pytest.approx(8 * 50e9, rel=1e-12)
 
 
+def test_a_ring_streams_through_the_nics_at_the_ring_efficiency_other_algorithms_at_the_calibrated_one():
+    inst = make_instance(fab_eff=0.5)
+    inst = dataclasses.replace(inst, fabric=dataclasses.replace(inst.fabric, ring_efficiency=0.9))
+    shape = GroupShape(size=16, per_node=8)
+    ring = collective_time("all-reduce", GiB, inst, shape, algo="ring")
+    assert ring.busbw_bytes_per_s == pytest.approx(0.9 * 8 * 50e9, rel=1e-12)
+    for algo in ("tree", "hierarchical"):          # their inter-node stage keeps the calibrated figure
+        plain = collective_time("all-reduce", GiB, make_instance(fab_eff=0.5), shape, algo=algo)
+        assert collective_time("all-reduce", GiB, inst, shape, algo=algo).time_s == plain.time_s
+    single = collective_time("reduce-scatter", GiB, inst, GroupShape(size=4, per_node=1, stride=8), algo="ring")
+    assert single.busbw_bytes_per_s == pytest.approx(0.9 * 50e9, rel=1e-12)
+    # without a ring figure the ring sees the calibrated one
+    assert make_instance(fab_eff=0.5).fabric.ring_fraction == 0.5
+
+
+def test_infiniband_ring_efficiency_reproduces_the_nccl_maintainers_figures(catalog):
+    # NVIDIA/nccl-tests issue #29 (2019-12-06): all_reduce busbw 12.2 GB/s through one 100 Gb/s adapter,
+    # 48 GB/s through a DGX-1's four
+    for name in ("ib-hdr", "ib-ndr", "ib-xdr", "roce-200g"):
+        f = catalog.fabric(name).ring_fraction
+        assert f * 12.5 == pytest.approx(12.2, rel=0.02) and f * 50 == pytest.approx(48, rel=0.01), name
+    inst = catalog.instance("dgx-h100")
+    edr = dataclasses.replace(inst, nic_bytes_per_s=100e9 / 8)      # each GPU behind its own 100 Gb/s adapter
+    c = collective_time("all-reduce", 8 * GiB, edr, GroupShape(size=2, per_node=1), algo="ring")
+    assert c.busbw_bytes_per_s / 1e9 == pytest.approx(12.2, rel=0.03)
+
+
 def test_one_member_per_node_gets_its_share_of_the_node_nics():
     # 8 DP groups with one member per node each get 1/8 of the node's EFA
     inst = make_instance()
@@ -332,11 +359,13 @@ def test_fabrics_yaml_has_every_required_entry_with_known_keys_and_a_source(cata
     fabrics = {"efa-v1", "efa-v2", "efa-v3", "efa-v4", "ib-hdr", "ib-ndr", "ib-xdr", "roce-200g"}
     links = {"nvlink3", "nvlink4", "nvlink5", "neuronlink-v2", "neuronlink-v3", "pcie-gen4", "pcie-gen5"}
     assert set(raw["fabrics"]) == fabrics and set(raw["links"]) == links
-    fabric_keys = {"kind", "nic_bandwidth", "latency", "efficiency", "in_network_reduction", "source"}
+    fabric_keys = {"kind", "nic_bandwidth", "latency", "efficiency", "ring_efficiency", "in_network_reduction",
+                   "source"}
     link_keys = {"latency", "efficiency", "in_switch_reduction", "source"}
     for name, body in raw["fabrics"].items():
         assert set(body) <= fabric_keys and body["kind"] in ("efa", "infiniband", "roce"), name
         assert len(str(body["source"])) > 40, name
         assert catalog.fabric(name).efficiency == body["efficiency"]
+        assert catalog.fabric(name).ring_fraction == body.get("ring_efficiency", body["efficiency"])
     for name, body in raw["links"].items():
         assert set(body) <= link_keys and len(str(body["source"])) > 40, name

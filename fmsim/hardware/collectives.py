@@ -144,6 +144,9 @@ class GroupView:
     in_switch: bool                  # NVLS-like reduction across the scale-up domain
     in_network: bool                 # SHARP-like reduction in the scale-out fabric
     shared_domain_port: bool         # domain links are the node links (NVL72 crossbar)
+    #: the tiers as NCCL's classic ring sees them: its stream crosses the NICs at the fabric's ring
+    #: fraction of line rate (empty: the same as ``tiers``)
+    ring_tiers: tuple[Tier, ...] = ()
 
     def tier(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -208,14 +211,17 @@ def group_view(instance: Instance, shape: GroupShape, *, nodes: int | None = Non
     if d > p:
         cross = (su.cross_node_bytes_per_s or su.bytes_per_s) * su.efficiency
         tiers.append(Tier("domain", math.ceil(d / p), cross, su.latency_s, p))
+    ring_tiers = list(tiers)
     if n > d:
         # rail-optimized: each member owns num_nics / num_accelerators of its node's NICs
-        nic_bw = instance.num_nics * instance.nic_bytes_per_s / acc * fab.efficiency
-        tiers.append(Tier("fabric", math.ceil(n / d), nic_bw, fab.latency_s, d))
+        line = instance.num_nics * instance.nic_bytes_per_s / acc
+        tiers.append(Tier("fabric", math.ceil(n / d), line * fab.efficiency, fab.latency_s, d))
+        ring_tiers.append(Tier("fabric", math.ceil(n / d), line * fab.ring_fraction, fab.latency_s, d))
     return GroupView(size=n, per_node=p, per_domain=d, tiers=tuple(tiers),
                      in_switch=su.in_switch_reduction and su.topology == "crossbar",
                      in_network=fab.in_network_reduction,
-                     shared_domain_port=not su.cross_node_bytes_per_s)
+                     shared_domain_port=not su.cross_node_bytes_per_s,
+                     ring_tiers=tuple(ring_tiers))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,14 +346,18 @@ def _always(view: GroupView) -> bool:
 
 
 def _ring_cost(op: str, size: float, v: GroupView) -> float:
+    # the ring's own view of the fabric: NCCL's ring streams through the NICs at close to line rate
+    # (Fabric.ring_efficiency), where the NVLS, tree and hierarchical decompositions reach the fabric's
+    # calibrated ``efficiency``
+    tiers = v.ring_tiers or v.tiers
     if op == "all-reduce":
-        return ring_all_reduce_s(size, v.tiers)
+        return ring_all_reduce_s(size, tiers)
     if op in ("all-gather", "reduce-scatter"):
-        return ring_gather_s(size, v.tiers)
+        return ring_gather_s(size, tiers)
     # broadcast: a pipelined chain through the ring order (NCCL's broadcast), n-1 hops
     stages = []
-    for i, t in enumerate(v.tiers):
-        hops = (t.fanout - 1) * math.prod(u.fanout for u in v.tiers[i + 1:])   # this tier's hops
+    for i, t in enumerate(tiers):
+        hops = (t.fanout - 1) * math.prod(u.fanout for u in tiers[i + 1:])   # this tier's hops
         stages += [(t.latency_s, t.beta_s_per_byte)] * hops
     return pipelined_s(size, stages, NCCL_CHANNELS * NCCL_STEP_BYTES)
 
