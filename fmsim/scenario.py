@@ -140,7 +140,7 @@ PARALLELISM_KEYS = (
     "overlap",
     "order",
 )
-OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "ep_comm")
+OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "ep_comm", "pp_comm")
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
@@ -177,6 +177,11 @@ class Overlap:
     # EP dispatch/combine of one micro-batch behind another's compute (Megatron-Core
     # --overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)
     ep_comm: bool = False
+    # pipeline sends and receives beside compute (Megatron-Core overlap_p2p_comm, interleaved schedule
+    # only); false: a stage waits for its own send before its next task, as Megatron's 1F1B schedule
+    # runs them (send_forward_recv_backward and the like wait on their requests). Default: true for the
+    # interleaved schedule, false otherwise
+    pp_comm: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1148,8 +1153,9 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 field=wl_sec.path("global_batch"),
             )
     ov = ps.section("overlap", OVERLAP_KEYS)
+    interleaved = schedule == "interleaved"
     overlap = (
-        Overlap()
+        Overlap(pp_comm=interleaved)
         if ov is None
         else Overlap(
             grad_reduce=ov.boolean("grad_reduce", True),
@@ -1157,6 +1163,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             tp_comm=ov.boolean("tp_comm", False),
             tp_backward=ov.boolean("tp_backward", True),
             ep_comm=ov.boolean("ep_comm", False),
+            pp_comm=ov.boolean("pp_comm", interleaved),
         )
     )
     recompute = ps.choice("recompute", RECOMPUTE, "none")
@@ -1534,6 +1541,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             "tp_comm": par.overlap.tp_comm,
             "tp_backward": par.overlap.tp_backward,
             "ep_comm": par.overlap.ep_comm,
+            "pp_comm": par.overlap.pp_comm,
         },
         "order": list(par.order),
     }

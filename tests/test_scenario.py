@@ -69,6 +69,17 @@ def test_llama_example_loads_through_the_package_facade():
     assert sc.seed == 0 and sc.measured == {} and sc.extra == {}
 
 
+def test_pipeline_sends_overlap_by_default_only_in_the_interleaved_schedule():
+    # Megatron-Core overlaps p2p with compute in its interleaved schedule (overlap_p2p_comm); its 1F1B
+    # waits on each send and receive
+    one = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "1f1b"})
+    inter = load_scenario(LLAMA, overrides={"parallelism.vpp": 2, "parallelism.schedule": "interleaved"})
+    assert not one.parallelism.overlap.pp_comm and inter.parallelism.overlap.pp_comm
+    forced = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "1f1b",
+                                               "parallelism.overlap": {"pp_comm": True}})
+    assert forced.parallelism.overlap.pp_comm
+
+
 def test_every_field_of_the_contract_is_accepted():
     sc = load_scenario(MOE)
     wl, p, cl = sc.workload, sc.parallelism, sc.cluster
@@ -78,7 +89,8 @@ def test_every_field_of_the_contract_is_accepted():
     assert wl.train_tokens == 2e9
     assert (p.tp, p.pp, p.dp, p.ep, p.vpp, p.schedule) == (2, 2, 8, 4, 2, "interleaved")
     assert p.zero == 3 and p.recompute == "full"
-    assert p.overlap == fmsim.scenario.Overlap(grad_reduce=True, param_gather=False, tp_comm=True, tp_backward=False)
+    assert p.overlap == fmsim.scenario.Overlap(grad_reduce=True, param_gather=False, tp_comm=True, tp_backward=False,
+                                               pp_comm=False)
     assert p.order == ("tp", "ep", "cp", "pp", "dp")
     assert (cl.nodes, cl.gpus, cl.oversubscription) == (4, 32, 2.0)
     assert cl.instance.num_nics == 16 and cl.instance.nic_bytes_per_s == 25e9  # 200 Gbps
@@ -498,6 +510,7 @@ def scenario_mappings(draw) -> dict:
                 "param_gather": draw(st.booleans()),
                 "tp_comm": draw(st.booleans()),
                 "tp_backward": draw(st.booleans()),
+                "pp_comm": draw(st.booleans()),
             },
             "order": draw(st.permutations(["tp", "cp", "ep", "pp", "dp"])),
         },

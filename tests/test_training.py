@@ -117,6 +117,9 @@ def test_interleaving_divides_the_bubble_by_vpp(pp, v, m):
     {"parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "cluster.nodes": 2,
      "workload.global_batch": 16},
     {"parallelism.pp": 4, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 32},
+    {"parallelism.pp": 2, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 32},
+    {"parallelism.pp": 4, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 32,
+     "parallelism.overlap": {"pp_comm": True}},
     {"parallelism.pp": 4, "parallelism.vpp": 2, "parallelism.schedule": "interleaved",
      "workload.global_batch": 32},
 ])
@@ -131,6 +134,19 @@ def test_des_without_overlap_and_contention_equals_the_analytical_sum_on_uniform
     des = makespan(u, overlap=False, contention=False)
     est, _ = estimate_step(u)
     assert des == pytest.approx(est, rel=1e-9)
+
+
+def test_a_stage_that_waits_for_its_own_sends_is_slower_by_two_sends_per_microbatch():
+    # Megatron's 1F1B waits on each send (p2p_communication._communicate, wait_on_reqs=True): a middle
+    # stage pays its forward and its backward send on its own critical path, 2m + 2p - 5 sends in all
+    over = {"parallelism.pp": 4, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 32}
+    plan = uniform(build_plan(scenario(**over)), send=0.1)
+    m, pp = plan.num_microbatches, plan.pp
+    blocking = makespan(plan, overlap=False, contention=False)
+    overlapped = makespan(dataclasses.replace(plan, overlap_pp_comm=True), overlap=False, contention=False)
+    ideal = (m + pp - 1) * 3.0
+    assert blocking - ideal == pytest.approx((2 * m + 2 * pp - 5) * 0.1, rel=1e-9)
+    assert overlapped - ideal == pytest.approx((2 * (pp - 2) + 2 * m * (pp - 1) / pp) * 0.1, rel=1e-9)
 
 
 @pytest.mark.parametrize("nodes", [4, 16])

@@ -70,19 +70,23 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
         tasks = sched(pp, vpp, m, s)
         reduce_keys: list[str] = []
         task_keys: list[str] = []
+        # without p2p overlap a stage waits for its own send before its next task (Megatron's 1F1B:
+        # send_forward_recv_backward and the like wait on their requests)
+        own_send: list[str] = []
         for k, t in enumerate(tasks):
             v = t.chunk * pp + s
             st = plan.stages[v]
-            fsdp_after: list[str] = []
+            waits: list[str] = list(own_send)
+            own_send = []
             if fsdp and gathers_per_chunk > 0:
                 # ZeRO-3/FSDP: every forward and backward gathers its chunk's weights first, on their
                 # own stream, prefetched one task ahead (Rajbhandari et al. 2020 §5.3; PyTorch FSDP)
                 gk = f"ag{s}.{k}"
                 jobs.append(Job(gk, f"ag{s}", gathers_per_chunk, (task_keys[k - 2],) if k >= 2 else (),
                                 links=dp_links, category="dp", label=f"param all-gather {t.kind}{t.microbatch}"))
-                fsdp_after.append(gk)
+                waits.append(gk)
             if t.kind == "F":
-                after = ([f"F{t.microbatch}.{v - 1}>"] if v > 0 else []) + fsdp_after
+                after = ([f"F{t.microbatch}.{v - 1}>"] if v > 0 else []) + waits
                 # FSDP: the next task's gather runs beside this one
                 slow = sm * min(st.fwd_s, gathers_per_chunk) if fsdp else 0.0
                 if gather_overlap and t.microbatch == 0 and gathers_per_chunk > 0:
@@ -98,8 +102,9 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     links = (("tx", s), ("rx", nxt)) if plan.pp_cross_node else ()
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send act mb{t.microbatch} v{v}"))
+                    own_send = [] if plan.overlap_pp_comm else [key + ">"]
             else:
-                after = ([f"B{t.microbatch}.{v + 1}>"] if v < nv - 1 else [f"F{t.microbatch}.{v}"]) + fsdp_after
+                after = ([f"B{t.microbatch}.{v + 1}>"] if v < nv - 1 else [f"F{t.microbatch}.{v}"]) + waits
                 key = f"B{t.microbatch}.{v}"
                 mine = per_chunk[t.chunk] if (t.microbatch == m - 1 and grad_overlap) else []
                 if mine:
@@ -134,6 +139,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                     links = (("tx", s), ("rx", prv)) if plan.pp_cross_node else ()
                     jobs.append(Job(key + ">", None, plan.pp_send_s, (key,), links=links, category="pp",
                                     label=f"send grad mb{t.microbatch} v{v}"))
+                    own_send = [] if plan.overlap_pp_comm else [key + ">"]
         last_key = task_keys[-1]
         wait = plan.straggler_step_wait_s([d for c in range(vpp) for d in
                                           (plan.virtual_stage(s, c).fwd_s, plan.virtual_stage(s, c).bwd_s)] * m)
@@ -149,7 +155,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                                 label=f"grad reduce bucket {j}"))
                 reduce_keys.append(rk)
                 prev = rk
-        jobs.append(Job(f"opt{s}", comp, plan.optimizer_s[s], (last_key, *reduce_keys),
+        jobs.append(Job(f"opt{s}", comp, plan.optimizer_s[s], (last_key, *own_send, *reduce_keys),
                         category="optimizer", label="optimizer step"))
         if plan.dp_gather_s[s] > 0 and not gather_overlap and not fsdp:
             jobs.append(Job(f"gather{s}", comm, plan.dp_gather_s[s], (f"opt{s}",), links=dp_links,
@@ -240,8 +246,19 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     # stage's round trip p·(f+b) + 2(p-1)·send is paid per p micro-batches: each micro-batch adds
     # 2(p-1)/p sends, plus 2(p-2) on fill/drain (this is what the DES shows, tests/test_training.py).
     # Interleaving keeps enough chunks in flight to hide them except on fill and drain: 2(p·v-1).
+    # Without p2p overlap a stage also waits for its own sends: a middle stage of 1F1B pays two per
+    # micro-batch, 2m + 2p - 5 in all (m + 1 with two stages, 2(p-1) for one micro-batch); interleaved,
+    # (2v-1)·m + 2p - 3 -- what the DES shows on uniform stages.
     if pp == 1:
         sends = 0.0
+    elif not plan.overlap_pp_comm:
+        if m == 1:
+            n = 2.0 * (pp - 1)
+        elif vpp > 1:
+            n = (2.0 * vpp - 1) * m + 2 * pp - 3
+        else:
+            n = m + 1.0 if pp == 2 else 2.0 * m + 2 * pp - 5
+        sends = n * plan.pp_send_s
     elif vpp == 1:
         sends = (2.0 * (pp - 2) + 2.0 * m * (pp - 1) / pp) * plan.pp_send_s
     else:
