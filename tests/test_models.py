@@ -277,6 +277,11 @@ def architectures(draw) -> dict[str, Any]:
                       "dense_ffn_hidden": draw(st.integers(0, 8192)),
                       "capacity_factor": draw(st.sampled_from([0.0, 1.0, 1.25, 2])),
                       "layer_freq": draw(st.integers(1, 3))}
+        if draw(st.booleans()):
+            groups = draw(st.sampled_from([g for g in (1, 2, 4, 8) if experts % g == 0]))
+            per_group = experts // groups
+            group_topk = draw(st.integers(-(-out["moe"]["top_k"] // per_group), groups))
+            out["moe"].update(router_groups=groups, router_group_topk=group_topk)
         out["mtp_layers"] = draw(st.integers(0, 2))
     if draw(st.booleans()):
         out["params"] = draw(st.sampled_from(["7B", "70.6B", 1.5e9, 123456789]))
@@ -344,6 +349,17 @@ def test_unknown_moe_key_is_located_under_moe():
     err = _error({**BASE, "moe": {"experts": 8, "top_k": 2, "expert_ffn": 64}})
     assert err.field == "model.moe.expert_ffn"
     assert "did you mean 'expert_ffn_hidden'" in err.message
+
+
+def test_router_groups_must_divide_the_experts_and_hold_the_top_k():
+    assert _error({**BASE, "moe": {"experts": 8, "top_k": 2, "router_groups": 3}}).field == "model.moe.router_groups"
+    err = _error({**BASE, "moe": {"experts": 8, "top_k": 2, "router_groups": 4, "router_group_topk": 5}})
+    assert err.field == "model.moe.router_group_topk" and "exceeds 4" in err.message
+    err = _error({**BASE, "moe": {"experts": 8, "top_k": 4, "router_groups": 4, "router_group_topk": 1}})
+    assert "cannot hold top_k 4" in err.message
+    spec = model_from_mapping({**BASE, "moe": {"experts": 8, "top_k": 4, "router_groups": 4, "router_group_topk": 2}})
+    assert spec.moe.token_groups() == 2
+    assert model_from_mapping({**BASE, "moe": {"experts": 8, "top_k": 2}}).moe.token_groups() == 1
 
 
 def test_kv_heads_not_dividing_heads_is_rejected():

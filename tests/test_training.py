@@ -284,8 +284,27 @@ def test_a_plan_that_overflows_hbm_raises_a_typed_error_naming_the_largest_part(
     build_plan(scenario()).memory[0].require_fit(build_plan(scenario()).hbm_bytes)   # fits: no error
 
 
+def test_node_limited_routing_meets_fewer_nodes():
+    from fmsim.model.ops import distinct_nodes
+
+    # no groups: k experts anywhere over N nodes
+    assert distinct_nodes(8, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    assert distinct_nodes(8, 8, 8, 8) == distinct_nodes(8, 8) == distinct_nodes(8, 8, 8, 0)
+    # DeepSeek-V3 on 8 nodes, one expert group per node, top-4 groups: within 4 nodes, at most 4
+    assert distinct_nodes(8, 8, 8, 4) == pytest.approx(4 * (1 - (3 / 4) ** 8))
+    assert distinct_nodes(8, 8, 8, 4) <= 4 < distinct_nodes(8, 8)
+    # a group spanning two nodes: the chosen groups cover 2g nodes
+    assert distinct_nodes(16, 8, 8, 4) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+    # two groups per node, the 4 chosen groups all met: a node is missed when none of its 2 groups is
+    # chosen, C(6, 4) / C(8, 4)
+    assert distinct_nodes(4, 64, 8, 4) == pytest.approx(4 * (1 - 15 / 70), rel=1e-6)
+    assert 1.0 <= distinct_nodes(4, 8, 8, 4) <= 4.0
+    for n in (2, 4, 8, 16, 32):
+        assert distinct_nodes(n, 8, 8, 4) <= distinct_nodes(n, 8) + 1e-12
+
+
 def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
-    from fmsim.model.ops import Roofline, Shard, moe_mlp_forward
+    from fmsim.model.ops import Roofline, Shard, distinct_nodes, moe_mlp_forward
 
     model = fmsim.load_catalog().model("deepseek-v3")
     acc = fmsim.load_catalog().accelerator("h100-sxm")
@@ -300,6 +319,8 @@ def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     flat = a2a(1)
     assert flat == 4096 * 8 * model.hidden * 2           # one copy per routed expert
     assert a2a(8) < flat and a2a(8) > flat / 8           # dedup per remote node, never below one copy
+    # DeepSeek-V3's node-limited routing: 8 groups, one per node here, top-4 groups
+    assert a2a(8) == pytest.approx(flat * (distinct_nodes(8, 8, 8, 4) * 7 / 8 + 1) / 8)
     assert a2a(8, "alltoall") == flat                    # NCCL all-to-all sends every copy
 
 

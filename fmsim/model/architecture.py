@@ -26,7 +26,8 @@ MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_
               "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers", "position_embedding")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
-            "dense_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor", "layer_freq")
+            "dense_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor", "layer_freq",
+            "router_groups", "router_group_topk")
 
 _Err = Callable[[str, str], ConfigError]
 
@@ -55,6 +56,14 @@ class MoESpec:
     dense_ffn_hidden: int = 0           # 0 = ModelSpec.ffn_hidden
     capacity_factor: float = 0.0        # 0 = dropless
     layer_freq: int = 1                 # every n-th layer (after dense_layers) is MoE
+    # group-limited routing (DeepSeek's node-limited routing): the experts form router_groups
+    # contiguous groups and a token picks its top_k experts inside router_group_topk of them
+    router_groups: int = 1              # 1 = no groups
+    router_group_topk: int = 0          # 0 = every group
+
+    def token_groups(self) -> int:
+        """Groups one token's experts may come from."""
+        return self.router_group_topk or self.router_groups
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -368,7 +377,16 @@ def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
     cf = m.get("capacity_factor", 0.0) or 0.0
     if not isinstance(cf, (int, float)) or isinstance(cf, bool) or cf < 0:
         raise merr("capacity_factor", f"{cf!r} must be a number >= 0 (0 = dropless)")
-    return MoESpec(experts=experts, top_k=top_k,
+    groups = _int(m, "router_groups", merr, default=1)
+    if experts % groups:
+        raise merr("router_groups", f"{groups} groups do not divide {experts} experts")
+    group_topk = _int(m, "router_group_topk", merr, default=0, minimum=0)
+    if group_topk > groups:
+        raise merr("router_group_topk", f"{group_topk} exceeds {groups} router_groups")
+    if group_topk and top_k > group_topk * experts // groups:
+        raise merr("router_group_topk", f"{group_topk} groups of {experts // groups} experts cannot hold "
+                   f"top_k {top_k}")
+    return MoESpec(experts=experts, top_k=top_k, router_groups=groups, router_group_topk=group_topk,
                    expert_ffn_hidden=_int(m, "expert_ffn_hidden", merr, default=ffn_hidden),
                    shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0),
                    shared_expert_ffn_hidden=_int(m, "shared_expert_ffn_hidden", merr, default=0, minimum=0),

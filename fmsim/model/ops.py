@@ -17,6 +17,7 @@ flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ..catalog import Accelerator
@@ -407,6 +408,30 @@ def _whole_block_part(c: PassCost, name: str) -> None:
     c.parts[name] = part
 
 
+def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0) -> float:
+    """Expected distinct nodes one token's top-k experts sit on, routing balanced, experts laid out
+    in order over the nodes of the EP group.
+
+    Without groups the k experts fall anywhere: N(1-(1-1/N)^k). With group-limited routing (DeepSeek-V3
+    §2.1.2: each token goes to at most M = 4 nodes; its config's n_group 8 / topk_group 4) they fall in
+    the g chosen groups: when a group spans N/G nodes, among the g·N/G nodes those groups cover; when a
+    node holds G/N groups, the k experts meet h = g(1-(1-1/g)^k) distinct groups, and a node is missed
+    when all h avoid its groups: C(G - G/N, h) / C(G, h)."""
+    g = group_topk or groups
+    if groups <= 1 or g >= groups:
+        return nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    if nodes >= groups:
+        c = g * nodes / groups                      # the nodes the chosen groups cover
+        return c * (1.0 - (1.0 - 1.0 / c) ** top_k)
+    h = g * (1.0 - (1.0 - 1.0 / g) ** top_k)        # distinct groups the experts land in
+
+    def log_choose(a: float, b: float) -> float:
+        return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
+
+    missed = math.exp(log_choose(groups - groups / nodes, h) - log_choose(groups, h))
+    return nodes * (1.0 - missed)
+
+
 def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Router, all-to-all dispatch, grouped expert GEMMs, shared experts, all-to-all combine.
 
@@ -450,10 +475,10 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         if deepep and sh.ep_nodes > 1:
             # hierarchical dispatch (DeepEP, Megatron-Core's flex dispatcher): a token crosses the
             # scale-out network once per distinct remote node among its top-k experts, then fans
-            # out over NVLink. With balanced routing over N nodes it meets N(1-(1-1/N)^k) distinct
-            # nodes, (N-1)/N of them remote, against k(N-1)/N copies sent one per expert.
+            # out over NVLink: distinct_nodes(...)·(N-1)/N remote nodes, against k(N-1)/N copies
+            # sent one per expert.
             n, k = sh.ep_nodes, m.top_k
-            distinct_remote = n * (1.0 - (1.0 - 1.0 / n) ** k) * (n - 1) / n
+            distinct_remote = distinct_nodes(n, k, m.router_groups, m.token_groups()) * (n - 1) / n
             a2a *= (distinct_remote + k / n) / k
         # with EP overlap (Megatron-Core's combined 1F1B) each dispatch/combine runs behind the
         # compute of another micro-batch's MoE block; the block's own work bounds what it hides
