@@ -116,7 +116,7 @@ class Plan:
     straggler_cv: float = 0.0
     recompute_modules: tuple[str, ...] = ()       # what selective recompute runs again
     offload_layers: int = 0                       # layers whose activations wait in host memory
-    overlap_pp_comm: bool = True                  # pipeline sends beside compute (else a stage waits for its own)
+    overlap_pp_comm: bool = False                 # pipeline sends beside compute (else a stage waits for its own)
 
     @property
     def tokens_per_step(self) -> float:
@@ -520,7 +520,8 @@ def build_plan(sc) -> Plan:
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, schedule=schedule, zero=par.zero,
         recompute=par.recompute, sequence_parallel=shard.sequence_parallel,
         overlap_grad_reduce=par.overlap.grad_reduce, overlap_param_gather=par.overlap.param_gather,
-        overlap_tp_comm=par.overlap.tp_comm, overlap_pp_comm=par.overlap.pp_comm, shapes=shapes, stages=stages, pp_send_s=pp_send,
+        overlap_tp_comm=par.overlap.tp_comm, overlap_pp_comm=par.overlap.pp_comm, shapes=shapes, stages=stages,
+        pp_send_s=pp_send,
         pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,

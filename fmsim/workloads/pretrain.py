@@ -247,8 +247,9 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     # 2(p-1)/p sends, plus 2(p-2) on fill/drain (this is what the DES shows, tests/test_training.py).
     # Interleaving keeps enough chunks in flight to hide them except on fill and drain: 2(p·v-1).
     # Without p2p overlap a stage also waits for its own sends: a middle stage of 1F1B pays two per
-    # micro-batch, 2m + 2p - 5 in all (m + 1 with two stages, 2(p-1) for one micro-batch); interleaved,
-    # (2v-1)·m + 2p - 3 -- what the DES shows on uniform stages.
+    # micro-batch, 2m + 2p - 5 in all (m + 1 with two stages, 2(p-1) for one micro-batch), as the DES
+    # shows on uniform stages; interleaved, about (2v-1)·m + 2p - 3 (the DES's count on uniform stages
+    # up to pp·v = 16).
     if pp == 1:
         sends = 0.0
     elif not plan.overlap_pp_comm:
