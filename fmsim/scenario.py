@@ -111,10 +111,12 @@ WORKLOAD_KEYS = (
     "train_tokens",
     "attention_kernel",
     "lora",
+    "moe_routing",
 )
 LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+MOE_ROUTINGS = ("balanced", "consecutive")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather")
@@ -253,6 +255,11 @@ class Workload:
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
+    # how the run's router spreads a token's top-k experts: balanced (uniformly over the experts the
+    # model's routing allows, its group limit included: a learned router under load balancing, or
+    # Megatron's forced balance) | consecutive (k consecutive experts, a benchmark gate such as NeMo
+    # AutoModel's FakeBalancedGate)
+    moe_routing: str = "balanced"
 
     @property
     def tokens_per_step(self) -> int:
@@ -880,6 +887,9 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         )
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
+    moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
+    if wl.has("moe_routing") and model.moe is None:
+        raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
     lora_rank, lora_modules = 0, "all"
     lo = wl.section("lora", LORA_KEYS)
     if lo is not None:
@@ -898,6 +908,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         attention_kernel=attention_kernel,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
+        moe_routing=moe_routing,
     ), wl
 
 
@@ -1517,6 +1528,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["attention_kernel"] = wl.attention_kernel
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
+    if wl.moe_routing != "balanced":
+        workload["moe_routing"] = wl.moe_routing
     parallelism = {
         "tp": par.tp,
         "pp": par.pp,

@@ -303,6 +303,20 @@ def test_node_limited_routing_meets_fewer_nodes():
         assert distinct_nodes(n, 8, 8, 4) <= distinct_nodes(n, 8) + 1e-12
 
 
+def test_a_gate_of_consecutive_experts_meets_one_node_when_a_node_holds_whole_blocks():
+    from fmsim.model.ops import consecutive_nodes
+
+    assert consecutive_nodes(8, 8, 256) == 1.0          # 32 experts per node: 8 consecutive never straddle
+    assert consecutive_nodes(64, 8, 256) == 2.0         # 4 experts per node: always two nodes
+    assert consecutive_nodes(8, 6, 256) == pytest.approx(1.125)   # 6-blocks straddle a node boundary 1 in 8
+    sc = scenario(**{"workload.model": "deepseek-v3", "workload.moe_routing": "consecutive"})
+    assert sc.workload.moe_routing == "consecutive"
+    again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
+    assert again.workload.moe_routing == "consecutive"
+    with pytest.raises(fmsim.errors.ConfigError, match="moe_routing.*no experts"):
+        scenario(**{"workload.moe_routing": "consecutive"})          # llama3-70b is dense
+
+
 def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     from fmsim.model.ops import Roofline, Shard, distinct_nodes, moe_mlp_forward
 
@@ -310,8 +324,9 @@ def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     acc = fmsim.load_catalog().accelerator("h100-sxm")
     rf = Roofline.of(acc, "bf16")
 
-    def a2a(nodes, dispatch="deepep"):
-        sh = Shard(micro_batch=1, seq_len=4096, tp=1, ep=64, expert_tp=1, ep_nodes=nodes, ep_dispatch=dispatch)
+    def a2a(nodes, dispatch="deepep", routing="balanced"):
+        sh = Shard(micro_batch=1, seq_len=4096, tp=1, ep=64, expert_tp=1, ep_nodes=nodes, ep_dispatch=dispatch,
+                   moe_routing=routing)
         reqs = [r for r in moe_mlp_forward(model, sh, rf).comms if r.axis == "ep"]
         assert len(reqs) == 2 and all(r.line_rate == (dispatch == "deepep") for r in reqs)
         return reqs[0].size_bytes
@@ -321,6 +336,8 @@ def test_hierarchical_moe_dispatch_sends_each_token_once_per_remote_node():
     assert a2a(8) < flat and a2a(8) > flat / 8           # dedup per remote node, never below one copy
     # DeepSeek-V3's node-limited routing: 8 groups, one per node here, top-4 groups
     assert a2a(8) == pytest.approx(flat * (distinct_nodes(8, 8, 8, 4) * 7 / 8 + 1) / 8)
+    # a gate of 8 consecutive experts reaches one node
+    assert a2a(8, routing="consecutive") == pytest.approx(flat * (7 / 8 + 1) / 8)
     assert a2a(8, "alltoall") == flat                    # NCCL all-to-all sends every copy
 
 

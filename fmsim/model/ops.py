@@ -57,6 +57,7 @@ class Shard:
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
     ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
+    moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
     lora_modules: str = "all"        # all | attention
 
@@ -432,6 +433,16 @@ def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0)
     return nodes * (1.0 - missed)
 
 
+def consecutive_nodes(nodes: int, top_k: int, experts: int) -> float:
+    """Distinct nodes a token meets when its top-k are k consecutive experts, token t taking experts
+    t·k .. t·k+k-1 (mod E), as NeMo AutoModel's FakeBalancedGate assigns them
+    (``arange(tokens·k).view(-1, k) % experts``); experts laid out in order over the nodes. Averaged
+    over the starts the tokens cycle through."""
+    starts = sorted({t * top_k % experts for t in range(experts // math.gcd(experts, top_k))})
+    met = [len({(s + j) % experts * nodes // experts for j in range(top_k)}) for s in starts]
+    return sum(met) / len(met)
+
+
 def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Router, all-to-all dispatch, grouped expert GEMMs, shared experts, all-to-all combine.
 
@@ -478,7 +489,9 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             # out over NVLink: distinct_nodes(...)·(N-1)/N remote nodes, against k(N-1)/N copies
             # sent one per expert.
             n, k = sh.ep_nodes, m.top_k
-            distinct_remote = distinct_nodes(n, k, m.router_groups, m.token_groups()) * (n - 1) / n
+            met = consecutive_nodes(n, k, m.experts) if sh.moe_routing == "consecutive" else \
+                distinct_nodes(n, k, m.router_groups, m.token_groups())
+            distinct_remote = met * (n - 1) / n
             a2a *= (distinct_remote + k / n) / k
         # with EP overlap (Megatron-Core's combined 1F1B) each dispatch/combine runs behind the
         # compute of another micro-batch's MoE block; the block's own work bounds what it hides

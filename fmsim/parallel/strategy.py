@@ -422,7 +422,7 @@ def build_plan(sc) -> Plan:
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
                   attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
-                  ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm,
+                  ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
