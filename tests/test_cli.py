@@ -459,7 +459,7 @@ def test_console_script_module_never_shows_a_traceback(tmp_path):
     assert proc.stderr.splitlines() == [
         (
             f"{bad}: workload.tp: unknown key 'tp' (known: attention_kernel, global_batch, "
-            "global_batch_tokens, kind, lora, micro_batch, model, precision, seq_len, "
+            "global_batch_tokens, kind, lora, micro_batch, model, moe_routing, precision, seq_len, "
             "train_tokens)"
         )
     ]
