@@ -181,8 +181,8 @@ class Overlap:
     ep_comm: bool = False
     # pipeline sends and receives beside compute (Megatron-Core overlap_p2p_comm, interleaved schedule
     # only); false: a stage waits for its own send before its next task, as Megatron's 1F1B schedule
-    # runs them (send_forward_recv_backward and the like wait on their requests). Default: true for the
-    # interleaved schedule, false otherwise
+    # runs them (send_forward_recv_backward and the like wait on their requests). Default: false for the
+    # 1f1b schedule, true otherwise
     pp_comm: bool = False
 
 
@@ -1164,9 +1164,11 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 field=wl_sec.path("global_batch"),
             )
     ov = ps.section("overlap", OVERLAP_KEYS)
-    interleaved = schedule == "interleaved"
+    # only Megatron's non-interleaved 1F1B waits on its own sends; its interleaved schedule overlaps them
+    # (overlap_p2p_comm), and GPipe-style schedules post theirs asynchronously
+    p2p_overlap = schedule != "1f1b"
     overlap = (
-        Overlap(pp_comm=interleaved)
+        Overlap(pp_comm=p2p_overlap)
         if ov is None
         else Overlap(
             grad_reduce=ov.boolean("grad_reduce", True),
@@ -1174,7 +1176,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             tp_comm=ov.boolean("tp_comm", False),
             tp_backward=ov.boolean("tp_backward", True),
             ep_comm=ov.boolean("ep_comm", False),
-            pp_comm=ov.boolean("pp_comm", interleaved),
+            pp_comm=ov.boolean("pp_comm", p2p_overlap),
         )
     )
     recompute = ps.choice("recompute", RECOMPUTE, "none")

@@ -69,12 +69,14 @@ def test_llama_example_loads_through_the_package_facade():
     assert sc.seed == 0 and sc.measured == {} and sc.extra == {}
 
 
-def test_pipeline_sends_overlap_by_default_only_in_the_interleaved_schedule():
+def test_pipeline_sends_wait_by_default_only_in_the_1f1b_schedule():
     # Megatron-Core overlaps p2p with compute in its interleaved schedule (overlap_p2p_comm); its 1F1B
-    # waits on each send and receive
+    # waits on each send and receive; GPipe-style schedules post them asynchronously
     one = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "1f1b"})
     inter = load_scenario(LLAMA, overrides={"parallelism.vpp": 2, "parallelism.schedule": "interleaved"})
+    gpipe = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "gpipe"})
     assert not one.parallelism.overlap.pp_comm and inter.parallelism.overlap.pp_comm
+    assert gpipe.parallelism.overlap.pp_comm
     forced = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "1f1b",
                                                "parallelism.overlap": {"pp_comm": True}})
     assert forced.parallelism.overlap.pp_comm
