@@ -303,6 +303,21 @@ def test_node_limited_routing_meets_fewer_nodes():
         assert distinct_nodes(n, 8, 8, 4) <= distinct_nodes(n, 8) + 1e-12
 
 
+@given(nodes=st.integers(2, 64), top_k=st.integers(1, 16), groups=st.sampled_from([1, 2, 4, 8, 16]),
+       group_topk=st.integers(0, 16))
+@settings(max_examples=200, deadline=None)
+def test_a_token_meets_between_one_node_and_the_fewer_of_its_experts_and_the_nodes(nodes, top_k, groups,
+                                                                                    group_topk):
+    from fmsim.model.ops import consecutive_nodes, distinct_nodes
+
+    group_topk = min(group_topk, groups)
+    met = distinct_nodes(nodes, top_k, groups, group_topk)
+    assert 1.0 - 1e-9 <= met <= min(nodes, top_k) + 1e-9
+    assert met <= distinct_nodes(nodes, top_k) + 1e-9          # a group limit never spreads a token wider
+    experts = 256
+    assert 1.0 <= consecutive_nodes(nodes, top_k, experts) <= min(nodes, top_k)
+
+
 def test_a_gate_of_consecutive_experts_meets_one_node_when_a_node_holds_whole_blocks():
     from fmsim.model.ops import consecutive_nodes
 

@@ -419,8 +419,9 @@ def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0)
     node holds G/N groups, the k experts meet h = g(1-(1-1/g)^k) distinct groups, and a node is missed
     when all h avoid its groups: C(G - G/N, h) / C(G, h)."""
     g = group_topk or groups
+    free = nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
     if groups <= 1 or g >= groups:
-        return nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+        return free
     if nodes >= groups:
         c = g * nodes / groups                      # the nodes the chosen groups cover
         return c * (1.0 - (1.0 - 1.0 / c) ** top_k)
@@ -429,8 +430,10 @@ def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0)
     def log_choose(a: float, b: float) -> float:
         return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
 
-    missed = math.exp(log_choose(groups - groups / nodes, h) - log_choose(groups, h))
-    return nodes * (1.0 - missed)
+    others = groups - groups / nodes                # groups not on a given node
+    missed = 0.0 if h >= others else math.exp(log_choose(others, h) - log_choose(groups, h))
+    # the fractional-h reading can overshoot by a hair; a group limit never spreads a token wider
+    return min(free, nodes * (1.0 - missed))
 
 
 def consecutive_nodes(nodes: int, top_k: int, experts: int) -> float:
