@@ -1054,6 +1054,14 @@ def default_grad_reduce_precision(precision: str) -> str:
     return "fp16" if precision == "fp16" else "fp32"
 
 
+def default_pp_comm(schedule: str) -> bool:
+    """Whether a schedule's pipeline sends run beside compute when the scenario does not say: only
+    Megatron's non-interleaved 1F1B waits on its own sends (its p2p helpers wait on their requests); its
+    interleaved schedule overlaps them (overlap_p2p_comm), and GPipe-style schedules post theirs
+    asynchronously."""
+    return schedule != "1f1b"
+
+
 def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: Cluster) -> Parallelism:
     ps = top.section("parallelism", PARALLELISM_KEYS)
     if ps is None:
@@ -1164,9 +1172,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 field=wl_sec.path("global_batch"),
             )
     ov = ps.section("overlap", OVERLAP_KEYS)
-    # only Megatron's non-interleaved 1F1B waits on its own sends; its interleaved schedule overlaps them
-    # (overlap_p2p_comm), and GPipe-style schedules post theirs asynchronously
-    p2p_overlap = schedule != "1f1b"
+    p2p_overlap = default_pp_comm(schedule)
     overlap = (
         Overlap(pp_comm=p2p_overlap)
         if ov is None
@@ -1556,7 +1562,9 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             "tp_comm": par.overlap.tp_comm,
             "tp_backward": par.overlap.tp_backward,
             "ep_comm": par.overlap.ep_comm,
-            "pp_comm": par.overlap.pp_comm,
+            # pp_comm's default follows the schedule: written only where it departs from it, so that a
+            # change of schedule made on this mapping (the explorer's knobs) takes the new default
+            **({} if par.overlap.pp_comm == default_pp_comm(par.schedule) else {"pp_comm": par.overlap.pp_comm}),
         },
         "order": list(par.order),
     }

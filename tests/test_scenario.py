@@ -80,6 +80,12 @@ def test_pipeline_sends_wait_by_default_only_in_the_1f1b_schedule():
     forced = load_scenario(LLAMA, overrides={"parallelism.vpp": 1, "parallelism.schedule": "1f1b",
                                                "parallelism.overlap": {"pp_comm": True}})
     assert forced.parallelism.overlap.pp_comm
+    # the canonical mapping keeps a departure from the default, and leaves the default to the schedule
+    assert scenario_from_mapping(scenario_to_mapping(forced)).parallelism.overlap.pp_comm
+    data = scenario_to_mapping(one)
+    assert "pp_comm" not in data["parallelism"]["overlap"]
+    data["parallelism"].update(vpp=2, schedule="interleaved")
+    assert scenario_from_mapping(data).parallelism.overlap.pp_comm
 
 
 def test_every_field_of_the_contract_is_accepted():
