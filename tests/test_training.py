@@ -149,6 +149,21 @@ def test_a_stage_that_waits_for_its_own_sends_is_slower_by_two_sends_per_microba
     assert overlapped - ideal == pytest.approx((2 * (pp - 2) + 2 * m * (pp - 1) / pp) * 0.1, rel=1e-9)
 
 
+def test_a_stage_blocked_on_its_own_sends_books_them_as_pipeline_communication():
+    over = {"parallelism.pp": 4, "parallelism.vpp": 1, "parallelism.schedule": "1f1b", "workload.global_batch": 64}
+    des, est = fmsim.simulate(scenario(**over)), fmsim.estimate(scenario(**over))
+    assert des.breakdown["comm_pp"] > 0 and est.breakdown["comm_pp"] == pytest.approx(des.breakdown["comm_pp"],
+                                                                                        rel=0.05)
+    from fmsim.workloads.pretrain import bottleneck_sentence
+
+    plan = build_plan(scenario(**over))
+    name, why = bottleneck_sentence({"compute": 1.0, "comm_pp": 0.5, "bubble": 0.1}, 2.0, plan, True, 0.0)
+    assert name == "comm_pp" and "pipeline sends" in why
+    free = {**over, "parallelism.overlap": {"pp_comm": True}}
+    assert "comm_pp" not in fmsim.simulate(scenario(**free)).breakdown
+    assert "comm_pp" not in fmsim.estimate(scenario(**free)).breakdown
+
+
 @pytest.mark.parametrize("nodes", [4, 16])
 def test_overlapping_grad_reduce_never_slows_a_step_without_pipeline_bubbles(nodes):
     # Without a pipeline the reduce has no idle time to hide in, so overlapping it (at the price of

@@ -29,6 +29,7 @@ PART_COLOURS = {
     "comm_ep": "#e45756",
     "comm_offload": "#9d755d",
     "comm_dp": "#54a24b",
+    "comm_pp": "#b279a2",
     "dp": "#54a24b",
     "pp": "#b279a2",
     "bubble": "#bab0ac",

@@ -203,6 +203,9 @@ def _breakdown(plan: Plan, run: RunResult, jobs: Sequence[Job] = ()) -> tuple[di
         out["straggler"] = straggle + task_jitter
         dp_exposed = max(0.0, dp_exposed - straggle)
     out["comm_dp"] = dp_exposed
+    pp_exposed = _own_send_waits(run, jobs, f"stage{crit}")
+    if pp_exposed:
+        out["comm_pp"] = pp_exposed
     out["optimizer"] = opt
     bubble = step - sum(out.values())
     if plan.pp == 1 and bubble > 0:
@@ -211,6 +214,21 @@ def _breakdown(plan: Plan, run: RunResult, jobs: Sequence[Job] = ()) -> tuple[di
         bubble = 0.0
     out["bubble"] = bubble if bubble > 1e-9 * step else 0.0     # rounding residue is no bubble
     return out, crit
+
+
+def _own_send_waits(run: RunResult, jobs: Sequence[Job], stream: str) -> float:
+    """Time a stage spends blocked on its own pipeline sends (``overlap.pp_comm: false``): after a task,
+    until its send has gone or the next task starts, whichever is first. What it waits for beyond that
+    -- the next stage's gradient, the previous one's activation -- stays bubble."""
+    mine = {j.key for j in jobs if j.stream == stream}
+    waited = 0.0
+    for j in jobs:
+        if j.stream != stream:
+            continue
+        for dep in j.after:
+            if dep.endswith(">") and dep[:-1] in mine and dep in run.end_s:
+                waited += max(0.0, min(run.start_s[j.key], run.end_s[dep]) - run.end_s[dep[:-1]])
+    return waited
 
 
 def _task_jitter_s(plan: Plan, stage: int) -> float:
@@ -250,6 +268,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     # micro-batch, 2m + 2p - 5 in all (m + 1 with two stages, 2(p-1) for one micro-batch), as the DES
     # shows on uniform stages; interleaved, about (2v-1)·m + 2p - 3 (the DES's count on uniform stages
     # up to pp·v = 16).
+    own_sends = 0.0
     if pp == 1:
         sends = 0.0
     elif not plan.overlap_pp_comm:
@@ -260,6 +279,11 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         else:
             n = m + 1.0 if pp == 2 else 2.0 * m + 2 * pp - 5
         sends = n * plan.pp_send_s
+        # the critical stage's own sends, one after each task whose result goes on (forward out of every
+        # virtual stage but the last, backward out of every one but the first); the rest of the sends'
+        # time is waiting on its neighbours
+        passes = sum((c * pp + crit > 0) + (c * pp + crit < pp * vpp - 1) for c in range(vpp))
+        own_sends = min(sends, m * passes * plan.pp_send_s)
     elif vpp == 1:
         sends = (2.0 * (pp - 2) + 2.0 * m * (pp - 1) / pp) * plan.pp_send_s
     else:
@@ -307,6 +331,8 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         if v:
             out[f"comm_{k}"] = v
     out["comm_dp"] = dp_exposed + gather
+    if own_sends:
+        out["comm_pp"] = own_sends
     if straggle or plan.straggler_cv:
         out["straggler"] = straggle + _task_jitter_s(plan, crit)
     out["optimizer"] = opt
@@ -333,6 +359,8 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
         "comm_dp": "exposed data-parallel communication: overlap grad reduce, larger buckets, faster EFA",
         "comm_ep": "expert all-to-all: smaller ep, EP inside the scale-up domain, or faster scale-out",
         "comm_cp": "context-parallel exchange: smaller cp or longer attention blocks to hide it",
+        "comm_pp": "pipeline sends the stages wait on: the interleaved schedule with p2p overlap, fewer stages, "
+                   "or stages inside the scale-up domain",
         "comm_offload": "activation copies to host memory: offload fewer layers, or a faster host link (Grace C2C)",
         "optimizer": "optimizer step: shard it wider (ZeRO over more ranks)",
         "recompute": "activation recompute: selective instead of full, or more memory per GPU",
