@@ -17,6 +17,7 @@ flash-attention FLOPs, backward = 2.5 × forward matmul work (Dao 2023, §3.1); 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -409,6 +410,12 @@ def _whole_block_part(c: PassCost, name: str) -> None:
     c.parts[name] = part
 
 
+def _distinct(bins: float, draws: float) -> float:
+    """Expected distinct bins ``draws`` uniform draws land in: n(1-(1-1/n)^k)."""
+    return bins * (1.0 - (1.0 - 1.0 / bins) ** draws)
+
+
+@functools.lru_cache(maxsize=256)
 def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0) -> float:
     """Expected distinct nodes one token's top-k experts sit on, routing balanced, experts laid out
     in order over the nodes of the EP group.
@@ -419,13 +426,12 @@ def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0)
     node holds G/N groups, the k experts meet h = g(1-(1-1/g)^k) distinct groups, and a node is missed
     when all h avoid its groups: C(G - G/N, h) / C(G, h)."""
     g = group_topk or groups
-    free = nodes * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    free = _distinct(nodes, top_k)
     if groups <= 1 or g >= groups:
         return free
     if nodes >= groups:
-        c = g * nodes / groups                      # the nodes the chosen groups cover
-        return c * (1.0 - (1.0 - 1.0 / c) ** top_k)
-    h = g * (1.0 - (1.0 - 1.0 / g) ** top_k)        # distinct groups the experts land in
+        return _distinct(g * nodes / groups, top_k)  # among the nodes the chosen groups cover
+    h = _distinct(g, top_k)                         # distinct groups the experts land in
 
     def log_choose(a: float, b: float) -> float:
         return math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(a - b + 1)
@@ -436,6 +442,7 @@ def distinct_nodes(nodes: int, top_k: int, groups: int = 1, group_topk: int = 0)
     return min(free, nodes * (1.0 - missed))
 
 
+@functools.lru_cache(maxsize=256)
 def consecutive_nodes(nodes: int, top_k: int, experts: int) -> float:
     """Distinct nodes a token meets when its top-k are k consecutive experts, token t taking experts
     t·k .. t·k+k-1 (mod E), as NeMo AutoModel's FakeBalancedGate assigns them
