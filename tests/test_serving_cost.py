@@ -19,7 +19,6 @@ from fmsim.model.serving_cost import (
     build_cost_model,
     causal_pairs,
     kv_stream_tokens,
-    prefill_work,
 )
 
 
@@ -54,7 +53,7 @@ def test_large_prefill_is_compute_bound_at_the_gemm_and_forward_attention_rates(
     acc = cat.instance("dgx-h100").accelerator
     cm = _cm(cat)
     n = 8192
-    w = prefill_work(n, 0, finishing=True)
+    w = cm.prefill_work(n, 0, finishing=True)
     t_lin = cm.linear_time(n, 1)
     non_embed = m.num_params - 2 * m.vocab * m.hidden
     assert t_lin >= 2 * non_embed * n / acc.gemm_flop_per_s("bf16")

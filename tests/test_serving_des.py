@@ -10,7 +10,7 @@ import pytest
 
 from fmsim.catalog import load_catalog
 from fmsim.engine.serving_des import itl_samples, weighted_percentile
-from fmsim.model.serving_cost import IterationWork, prefill_work
+from fmsim.model.serving_cost import IterationWork
 from fmsim.workloads.inference import _collect, _Simulation, build_plan, estimate_metrics, simulate_plan
 from fmsim.workloads.inference_spec import parse_inference_spec
 
@@ -36,7 +36,7 @@ def test_single_request_latency_is_prefill_plus_n_decode_steps():
                       "serving": {"engine": "vllm", "replicas": 1}})
     _, m = run(plan)
     cost = plan.pool("serve").cost
-    ttft = cost.iteration_time(prefill_work(P, 0, finishing=True))
+    ttft = cost.iteration_time(cost.prefill_work(P, 0, finishing=True))
     c0, c1 = cost.decode_coeffs(1)
     decode = sum(c0 + c1 * (P + 1 + j) for j in range(N - 1))    # context grows by one per step
     assert m["ttft_p50_s"] == pytest.approx(ttft, rel=1e-9)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from ..model.serving_cost import IterationWork, causal_pairs, kv_stream_tokens
+from ..model.serving_cost import IterationWork, kv_stream_tokens
 
 _NAN = float("nan")
 
@@ -342,9 +342,9 @@ class ReplicaEngine:
             tokens += c
             finishing = c == job.prefill_left
             logits += 1 if finishing else 0
-            pairs += causal_pairs(c, job.prefill_past)
+            pairs += cost.prefill_pairs(c, job.prefill_past)
             reads += kv_stream_tokens(c, job.prefill_past)
-        dec_ctx = float(self.ctx.sum()) if n else 0.0
+        dec_ctx = cost.effective_context(self.ctx) if n else 0.0
         work = IterationWork(tokens=tokens, logits=logits, decode_seqs=n, decode_ctx=dec_ctx,
                              prefill_pairs=pairs, prefill_kv_reads=reads)
         dt = cost.iteration_time(work)
@@ -384,9 +384,12 @@ class ReplicaEngine:
                         raise AssertionError("KV cache full with a single job that was admitted")
                     return
         c0, c1 = self._coeffs(n)
-        C = float(self.ctx.sum())
+        # local-attention layers stop growing once a sequence passes the window; the run is costed
+        # at the growth of its first step (sequences crossing the window mid-run: at most `window`
+        # keys of those layers each, an overestimate)
+        C = self.cost.effective_context(self.ctx)
         first = c0 + c1 * C
-        inc = c1 * n
+        inc = c1 * self.cost.context_growth(self.ctx)
 
         def elapsed(k: int) -> float:
             return k * first + inc * k * (k - 1) / 2.0

@@ -23,8 +23,11 @@ NORMS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("rope", "learned", "alibi", "none")
 MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "activation",
               "vocab", "tied_embeddings", "attention", "moe", "source", "params", "active_params",
-              "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers", "position_embedding")
+              "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers", "position_embedding",
+              "attention_window")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
+WINDOW_KEYS = ("size", "kind", "full_every")
+WINDOW_KINDS = ("sliding", "chunked")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
             "dense_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor", "layer_freq",
             "router_groups", "router_group_topk")
@@ -67,6 +70,32 @@ class MoESpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionWindow:
+    """Local attention on some layers: a query sees at most ``size`` keys.
+
+    ``sliding``: the ``size`` tokens up to and including itself (Mistral 7B; GPT-OSS's 128-token
+    layers; Gemma's local layers). ``chunked``: the tokens of its own ``size``-token chunk up to
+    itself (Llama 4's chunked attention). Every ``full_every``-th layer (layer i with
+    (i + 1) % full_every == 0) keeps full causal attention; 0: every layer is local."""
+
+    size: int
+    kind: str = "sliding"
+    full_every: int = 0
+
+    def keys_per_query(self, seq_len: float) -> float:
+        """Mean keys a query of a causal ``seq_len``-token sequence attends to (pairs / seq_len)."""
+        s, w = float(seq_len), float(self.size)
+        if s <= 0:
+            return 0.0
+        if self.kind == "chunked":
+            full, rest = divmod(s, w)
+            return (full * w * (w + 1) / 2 + rest * (rest + 1) / 2) / s
+        if s <= w:
+            return (s + 1) / 2
+        return (w * (w + 1) / 2 + (s - w) * w) / s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer, as the catalog and scenario files describe it.
 
@@ -92,6 +121,7 @@ class ModelSpec:
     position_embedding: str = "rope"    # rope | learned | alibi | none
     max_seq_len: int = 0                # rows of a learned position table; 0 = not stated
     mtp_layers: int = 0                 # DeepSeek-V3 multi-token-prediction depth
+    window: AttentionWindow | None = None   # local attention on some or all layers
     source: str = ""
     published_params: float | None = None          # total, as the source states it
     published_active_params: float | None = None
@@ -106,6 +136,18 @@ class ModelSpec:
         if self.moe is None or i < self.moe.dense_layers:
             return False
         return (i - self.moe.dense_layers) % self.moe.layer_freq == 0
+
+    def is_windowed_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (0-based) attends locally (see :class:`AttentionWindow`)."""
+        w = self.window
+        return w is not None and not (w.full_every and (i + 1) % w.full_every == 0)
+
+    def attention_keys(self, i: int, seq_len: float) -> float:
+        """Mean keys a query attends to in layer ``i`` of a causal ``seq_len``-token sequence."""
+        if self.is_windowed_layer(i):
+            assert self.window is not None
+            return self.window.keys_per_query(seq_len)
+        return seq_len / 2.0
 
     @property
     def num_moe_layers(self) -> int:
@@ -284,6 +326,9 @@ class ModelSpec:
             out["bias"] = True
         if self.mtp_layers:
             out["mtp_layers"] = self.mtp_layers
+        if self.window is not None:
+            out["attention_window"] = {"size": self.window.size, "kind": self.window.kind,
+                                       "full_every": self.window.full_every}
         if self.source:
             out["source"] = self.source
         if self.published_params:
@@ -396,6 +441,24 @@ def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
                    layer_freq=_int(m, "layer_freq", merr, default=1))
 
 
+def _window(w: Any, err: _Err, *, layers: int) -> AttentionWindow:
+    def werr(key: str, msg: str) -> ConfigError:
+        return err(f"attention_window.{key}" if key else "attention_window", msg)
+
+    if not isinstance(w, Mapping):
+        raise werr("", "expected a mapping {size, kind: sliding|chunked, full_every}")
+    _unknown(w, WINDOW_KEYS, werr)
+    full_every = _int(w, "full_every", werr, default=0, minimum=0)
+    if full_every == 1:
+        raise werr("full_every", "1 makes every layer full attention (leave attention_window out)")
+    if full_every > layers:
+        raise werr("full_every", f"{full_every} exceeds {layers} layers: no layer would keep full attention "
+                                 "(0 says every layer is local)")
+    return AttentionWindow(size=_int(w, "size", werr),
+                           kind=_choice(w, "kind", werr, WINDOW_KINDS, "sliding", "attention window kind"),
+                           full_every=full_every)
+
+
 def model_from_mapping(data: Any, *, name: str | None = None, file: str | None = None,
                        where: str = "model", require_source: bool = False) -> ModelSpec:
     """Build and validate a :class:`ModelSpec` from catalog/scenario keys.
@@ -457,6 +520,9 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     moe = None
     if data.get("moe") is not None:
         moe = _moe(data["moe"], err, layers=layers, ffn_hidden=ffn_hidden)
+    window = None
+    if data.get("attention_window") is not None:
+        window = _window(data["attention_window"], err, layers=layers)
 
     for key in ("notes", "family"):
         if key in data and data[key] is not None and not isinstance(data[key], (str, list)):
@@ -486,4 +552,4 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
                      head_dim=head_dim, ffn_hidden=ffn_hidden, activation=activation, vocab=vocab,
                      tied_embeddings=tied, attention=str(att), mla=mla, moe=moe, bias=bias, norm=norm,
                      position_embedding=position, max_seq_len=max_seq_len, mtp_layers=mtp_layers,
-                     source=str(source or ""), published_params=params, published_active_params=active)
+                     window=window, source=str(source or ""), published_params=params, published_active_params=active)

@@ -40,12 +40,27 @@ def exact_forward_flops_per_token(model: ModelSpec, seq_len: int, *, causal: boo
 
     Attention: QK^T and AV cost 2*s*(d_qk + d_v) per token per layer for a full (non-causal) score
     matrix (Vaswani et al. 2017; Narayanan et al. 2021 eq. 2 counts it this way); a causal mask halves
-    the useful work, which is what flash-attention kernels execute (Dao 2023).
+    the useful work, which is what flash-attention kernels execute (Dao 2023). A causal layer with
+    local attention (``model.window``) does only its window's pairs.
     """
     layers, logits = matmul_params_per_token(model)
+    return 2.0 * (layers + logits) + attention_flops_per_token(model, seq_len, causal=causal)
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = True) -> float:
+    """Forward FLOPs per token of the attention scores and values over all layers.
+
+    ``causal=False`` counts each layer's score matrix in full, as NeMo and Meta do: the whole
+    square, or for a local layer (``model.window``) the whole band of ``window.size`` keys per
+    query; ``causal=True`` counts the pairs a causal kernel computes (:meth:`ModelSpec.attention_keys`)."""
     dqk, dv = attention_dims(model)
-    attn = 2.0 * seq_len * (dqk + dv) * model.layers * (0.5 if causal else 1.0)
-    return 2.0 * (layers + logits) + attn
+    if causal:
+        keys = sum(model.attention_keys(i, seq_len) for i in range(model.layers))
+    else:
+        w = model.window
+        keys = sum(float(min(seq_len, w.size)) if w is not None and model.is_windowed_layer(i) else float(seq_len)
+                   for i in range(model.layers))
+    return 2.0 * keys * (dqk + dv)
 
 
 def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int, formula: str,
@@ -64,7 +79,8 @@ def model_flops_per_step(model: ModelSpec, seq_len: int, global_batch: int, form
         non-embedding active parameters plus the output projection (MosaicML llm-foundry counts it so).
         ``nemo`` / ``llama3``: exact matmul count, 3 × forward with full (non-causal) attention
         scores -- NeMo's ``flops_formulas`` and Meta's MFU accounting (Llama 3 paper §3.3.2) both
-        count GQA/SwiGLU/MoE-active weights exactly and the attention square in full.
+        count GQA/SwiGLU/MoE-active weights exactly and the attention square in full (a local
+        layer's band in full: ``window.size`` keys per query).
         ``exact``: what the simulator executes (causal attention halved), forward + backward.
     """
     tokens = float(seq_len) * global_batch

@@ -279,8 +279,12 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
                                    backward=(("all-reduce", 1.0, "wgrad", gemm_in_s),)))
 
 
-def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
-    """Norm, QKV projection, attention core (causal flash), output projection, residual."""
+def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bool = False) -> PassCost:
+    """Norm, QKV projection, attention core (causal flash), output projection, residual.
+
+    ``windowed``: the layer attends locally (``model.window``): a fused kernel skips the key blocks
+    outside the window, so its work is the window's (query, key) pairs, at the rate of a kernel whose
+    queries each see at most ``window.size`` keys; the unfused core computes the whole square anyway."""
     c = PassCost()
     h, t, T = model.hidden, sh.tp, sh.tokens
     dqk, dv = attention_dims(model)
@@ -336,9 +340,13 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         c.attention_bwd_s += (av / e_seq + av / e_v + 2 * qk / e_seq) / rf.gemm_flop_per_s_bf16 \
             + scores * 19.0 / rf.hbm_bytes_per_s
     else:
-        attn_flops = 2.0 * T * s_keys * (dqk + dv) / t * 0.5
         # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys
-        fwd_s = attn_flops / (rf.attn_flop_per_s * attention_length_efficiency(s_keys / sh.cp))
+        keys, kernel_len = s_keys * 0.5, s_keys / sh.cp
+        if windowed and model.window is not None:
+            keys = model.window.keys_per_query(s_keys)
+            kernel_len = min(kernel_len, model.window.size)
+        attn_flops = 2.0 * T * keys * (dqk + dv) / t
+        fwd_s = attn_flops / (rf.attn_flop_per_s * attention_length_efficiency(kernel_len))
         c.attention_s += fwd_s
         c.attention_bwd_s += fwd_s * ATTENTION_BWD_FACTOR
     c.flops += attn_flops
@@ -586,7 +594,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
 
 def layer_forward(model: ModelSpec, layer: int, sh: Shard, rf: Roofline) -> tuple[PassCost, PassCost]:
     """(attention block, MLP block) forward costs of layer ``layer``."""
-    attn = attention_forward(model, sh, rf)
+    attn = attention_forward(model, sh, rf, windowed=model.is_windowed_layer(layer))
     if model.is_moe_layer(layer):
         mlp = moe_mlp_forward(model, sh, rf)
     else:

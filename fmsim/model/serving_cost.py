@@ -300,6 +300,10 @@ class ServingCostModel:
     expert_gemm_eff: float = 1.0
     lm_gemm_eff: float = 1.0
     cpu_overhead_fraction: float = 0.0
+    #: local attention (``ModelSpec.window``): the share of the layers that attend to at most
+    #: ``window`` keys (sliding; 0: none) -- their attention reads and math stop growing with context
+    window: int = 0
+    window_share: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
     # wave quantization of the linear layers at the batch's row count (kernels.wave_efficiency):
     # (FLOPs share, K-depth efficiency, N on one GPU) of each non-expert GEMM family, the LM head's
@@ -403,6 +407,35 @@ class ServingCostModel:
                 "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_fixed_s,
                 "overhead_s": self._wall(gpu) - gpu}
 
+    def effective_context(self, ctx: Any) -> float:
+        """Decode context summed over sequences (``ctx``: one length or an array of them) as the
+        attention sees it: full layers the whole context, local layers at most ``window`` keys."""
+        total = float(np.sum(ctx))
+        if not self.window_share:
+            return total
+        return (1.0 - self.window_share) * total + self.window_share * float(np.minimum(ctx, self.window).sum())
+
+    def context_growth(self, ctx: Any) -> float:
+        """How much :meth:`effective_context` grows when each sequence gains one token."""
+        n = float(np.size(ctx))
+        if not self.window_share:
+            return n
+        return (1.0 - self.window_share) * n + self.window_share * float(np.count_nonzero(np.asarray(ctx) < self.window))
+
+    def prefill_pairs(self, chunk: int, past: int) -> float:
+        """(query, key) pairs of a prefill chunk: causal on full layers, capped by the window on
+        local ones (:func:`window_pairs`)."""
+        full = causal_pairs(chunk, past)
+        if not self.window_share:
+            return full
+        return (1.0 - self.window_share) * full + self.window_share * window_pairs(chunk, past, self.window)
+
+    def prefill_work(self, chunk: int, past: int, *, finishing: bool) -> IterationWork:
+        """Work of one prefill chunk of ``chunk`` new tokens after ``past`` tokens already in KV."""
+        return IterationWork(tokens=chunk, logits=1 if finishing else 0,
+                             prefill_pairs=self.prefill_pairs(chunk, past),
+                             prefill_kv_reads=kv_stream_tokens(chunk, past))
+
     def padded(self, n: int) -> int:
         """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any."""
         for g in self.graph_batch_sizes:
@@ -426,7 +459,7 @@ class ServingCostModel:
     def prefill_time(self, prompt: int, cached: int = 0) -> float:
         """One prompt alone: its uncached tokens in one iteration (no decodes)."""
         new = max(1, prompt - cached)
-        return self.iteration_time(prefill_work(new, cached, finishing=True))
+        return self.iteration_time(self.prefill_work(new, cached, finishing=True))
 
     # -- memory ---------------------------------------------------------------------------
     def activation_bytes(self, max_batch_tokens: int, max_seqs: int, model: Any) -> float:
@@ -459,16 +492,20 @@ class ServingCostModel:
         return int(kv / self.kv_bytes_per_token_per_gpu) * self.kv_tokens_split
 
 
-def prefill_work(chunk: int, past: int, *, finishing: bool) -> IterationWork:
-    """Work of one prefill chunk of ``chunk`` new tokens after ``past`` tokens already in KV."""
-    return IterationWork(tokens=chunk, logits=1 if finishing else 0,
-                         prefill_pairs=causal_pairs(chunk, past),
-                         prefill_kv_reads=kv_stream_tokens(chunk, past))
-
-
 def causal_pairs(chunk: int, past: int) -> float:
     """(query, key) pairs a causal chunk computes: each new token attends to ``past`` + its prefix."""
     return chunk * past + chunk * (chunk + 1) / 2.0
+
+
+def window_pairs(chunk: int, past: int, window: int) -> float:
+    """(query, key) pairs of a causal chunk under a sliding window: the token at position j
+    (1-based) attends to min(j, window) keys, for j = past + 1 .. past + chunk."""
+    w, end = float(window), float(past + chunk)
+    if end <= w:
+        return causal_pairs(chunk, past)
+    if past >= w:
+        return chunk * w
+    return (w * (w + 1) - past * (past + 1)) / 2.0 + (end - w) * w
 
 
 def kv_stream_tokens(chunk: int, past: int) -> float:
@@ -620,6 +657,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         coll = collective  # type: ignore[assignment]
 
+    # local attention: a sliding layer reads and scores at most `size` keys; a chunked one (Llama 4)
+    # at most `size` too (exactly its context until the first chunk fills; half that on average after)
+    n_local = sum(model.is_windowed_layer(i) for i in range(L))
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     return ServingCostModel(
         model_name=model.name, engine_gpus=gpus * pp, tp=tp, pp=pp, attention_dp=groups > 1,
@@ -644,6 +684,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         kernel_fixed_s=(n_dense * KERNELS_DENSE_LAYER + n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0))
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
         cpu_overhead_fraction=cpu_overhead_fraction,
+        window=model.window.size if n_local else 0, window_share=n_local / L,
         dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, gemm_k0(acc.peak("bf16"))),
         dense_gemm_shapes=_gemm_shapes(dense_gemms, k0), lm_n=model.vocab / tp, compute_units=acc.compute_units,
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,

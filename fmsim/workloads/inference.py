@@ -627,7 +627,7 @@ def _decode_step_parts(plan: ServingPlan, m: Mapping[str, Any]) -> dict[str, flo
     b = m.get("decode_batch_mean")
     n = max(1, round(b)) if b is not None and math.isfinite(b) else 1
     isl, osl = _mean_lengths(plan.spec)
-    w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=n * (isl + osl / 2))
+    w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=n * pool.cost.effective_context(isl + osl / 2))
     out = dict(pool.cost.breakdown(w))
     out["step_s"] = pool.cost.iteration_time(w)
     return out
@@ -748,7 +748,7 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     t_pf = (pf_pool or pool).cost.prefill_time(int(isl), spec.traffic.cached_prefix_len)
     if share:
         t_pf /= spec.ttc.samples
-    ctx = isl + osl / 2.0
+    ctx = cost.effective_context(isl + osl / 2.0)
 
     def step(b: float) -> float:
         nb = max(1, round(b))

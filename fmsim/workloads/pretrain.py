@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.des import Job, RunResult, run_jobs
 from ..errors import OutOfMemoryError
-from ..model.flops import attention_dims, model_flops_per_step
+from ..model.flops import attention_flops_per_token, model_flops_per_step
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
@@ -389,9 +389,9 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     if plan.recompute == "full":
         hw_flops = model_flops * 4.0 / 3.0
     elif plan.recompute == "selective":
-        dqk, dv = attention_dims(plan.model)
         core = "core_attn" in plan.recompute_modules
-        hw_flops = model_flops + (plan.tokens_per_step * 2.0 * plan.seq_len * (dqk + dv) * plan.model.layers
+        hw_flops = model_flops + (plan.tokens_per_step * attention_flops_per_token(plan.model, plan.seq_len,
+                                                                                  causal=False)
                                   if core else 0.0)
         # the other recompute modules: their forward FLOPs on every rank of a replica, per micro-batch
         ranks = plan.tp * plan.cp * plan.dp
