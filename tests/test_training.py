@@ -111,6 +111,30 @@ def test_interleaving_divides_the_bubble_by_vpp(pp, v, m):
     assert (t - ideal) == pytest.approx((pp - 1) * 3.0 / v, rel=1e-9)
 
 
+def test_interleaved_schedule_needs_the_microbatches_in_groups_of_pp():
+    # Megatron-Core runs interleaved micro-batches in groups of pp and refuses a shorter last group
+    with pytest.raises(ParallelismError) as info:
+        build_plan(scenario(**{"parallelism.pp": 4, "parallelism.vpp": 2, "parallelism.schedule": "interleaved",
+                               "workload.global_batch": 6 * 2, "cluster.nodes": 8}))
+    assert info.value.field == "workload.global_batch"
+    assert "multiple of pp = 4" in info.value.message
+
+
+@given(pp=st.integers(2, 6), v=st.integers(2, 3), k=st.integers(1, 4))
+@settings(max_examples=25, deadline=None)
+def test_interleaved_engine_and_estimate_agree_for_every_group_count(pp, v, k):
+    """m = k·pp micro-batches: the engine finishes (no dependency cycle) and the estimate's fill,
+    (p-1)/v of a stage's work, is the engine's on uniform stages."""
+    m = k * pp
+    plan = build_plan(scenario(**{"parallelism.pp": pp, "parallelism.vpp": v, "parallelism.schedule": "interleaved",
+                                  "workload.global_batch": m * 2, "cluster.nodes": 2 * pp,
+                                  "workload.model": {"name": "u", "layers": 12 * pp * v, "hidden": 1024,
+                                                     "heads": 8, "vocab": 32000}}))
+    pipe = uniform(plan, 1.0 / v, 2.0 / v)
+    assert makespan(pipe) == pytest.approx(m * 3.0 + (pp - 1) * 3.0 / v, rel=1e-9)
+    assert estimate_step(pipe)[0] == pytest.approx(makespan(pipe), rel=1e-9)
+
+
 # -- DES vs analytical ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides", [

@@ -412,6 +412,14 @@ def build_plan(sc) -> Plan:
             f"global_batch {w.global_batch} is not a multiple of dp·micro_batch = {dp * w.micro_batch}",
             file=sc.file, field="workload.global_batch")
     m = per_replica // w.micro_batch
+    if schedule == "interleaved" and m % pp:
+        # Megatron-Core runs interleaved micro-batches in groups of pp (microbatch_group_size_per_vp_stage)
+        # and refuses a last group shorter than pp; PyTorch's ScheduleInterleaved1F1B needs the same
+        raise ParallelismError(
+            f"the interleaved schedule needs the micro-batches per step, {m} = global_batch / "
+            f"(dp·micro_batch), to be a multiple of pp = {pp} (they run in groups of pp); "
+            f"make global_batch a multiple of {dp * w.micro_batch * pp}, or use schedule 1f1b",
+            file=sc.file, field="workload.global_batch")
     order = tuple(par.order)
     # experts: their own TP width (Megatron-Core MoE parallel folding) -- tp without EP, 1 with EP
     etp = tp if ep == 1 else 1
