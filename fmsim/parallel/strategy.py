@@ -108,6 +108,9 @@ class Plan:
     stages: tuple[StageCost, ...]                 # per virtual stage, index = chunk * pp + stage
     pp_send_s: float                              # one activation/gradient send between stages
     pp_cross_node: bool
+    #: the data-parallel reductions and gathers (over dp·cp ranks, experts over their own group) leave
+    #: the node, so they share its NICs and contend with each other
+    dp_cross_node: bool
     dp_buckets: tuple[tuple[float, ...], ...]     # per physical stage: reduce-scatter seconds per bucket
     dp_gather_s: tuple[float, ...]                # per physical stage: param all-gather seconds
     optimizer_s: tuple[float, ...]                # per physical stage
@@ -530,7 +533,9 @@ def build_plan(sc) -> Plan:
         overlap_grad_reduce=par.overlap.grad_reduce, overlap_param_gather=par.overlap.param_gather,
         overlap_tp_comm=par.overlap.tp_comm, overlap_pp_comm=par.overlap.pp_comm, shapes=shapes, stages=stages,
         pp_send_s=pp_send,
-        pp_cross_node=pp_cross, dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
+        pp_cross_node=pp_cross,
+        dp_cross_node=any(g.size > 1 and g.per_node < g.size for g in (dense_group, expert_group)),
+        dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,
         offload_layers=par.offload_activations,

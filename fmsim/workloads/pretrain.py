@@ -24,13 +24,17 @@ from .reliability import goodput
 
 
 def link_capacities(plan: Plan) -> dict[tuple[str, int], float]:
-    """Per-GPU scale-out capacity (rail-optimized: each GPU owns num_nics / gpus NICs) per stage."""
+    """Per-GPU scale-out capacity (rail-optimized: each GPU owns num_nics / gpus NICs) and scale-up
+    (NVLink/NeuronLink) capacity per stage."""
     inst = plan.instance
     per_gpu = inst.num_nics * inst.nic_bytes_per_s / inst.num_accelerators * inst.fabric.efficiency
+    up = inst.accelerator.scale_up_bytes_per_s or per_gpu
     caps = {}
     for s in range(plan.pp):
         caps[("tx", s)] = per_gpu
         caps[("rx", s)] = per_gpu
+        caps[("up-tx", s)] = up
+        caps[("up-rx", s)] = up
     return caps
 
 
@@ -40,7 +44,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     nv = pp * vpp
     sched = get_schedule(plan.schedule)
-    dp_cross = plan.shapes["dp"].per_node < plan.shapes["dp"].size
+    dp_cross = plan.dp_cross_node
     jobs: list[Job] = []
     jit = plan.straggler_task_factor
     sm = plan.overlap_slowdown
@@ -49,7 +53,9 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
     gather_overlap = overlap and plan.overlap_param_gather and plan.zero >= 1 and not fsdp
     for s in range(pp):
         comp, comm = f"stage{s}", f"dp{s}"
-        dp_links = (("tx", s), ("rx", s)) if dp_cross else ()
+        # the group's traffic crosses the node's NICs, or stays on the GPU's scale-up ports; either way
+        # what runs at once on the two FSDP streams (gather, reduce-scatter) shares them
+        dp_links = (("tx", s), ("rx", s)) if dp_cross else (("up-tx", s), ("up-rx", s))
         gathers_per_chunk = plan.dp_gather_s[s] / vpp
         reduce_per_chunk = sum(plan.dp_buckets[s]) / vpp
         buckets = list(plan.dp_buckets[s])
