@@ -321,6 +321,10 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             g = plan.dp_gather_s[crit]
             first_fwd = sum(plan.virtual_stage(crit, c).fwd_s for c in range(vpp))
             gather = g / nb + sm * min(first_fwd, g * (nb - 1) / nb)
+            if plan.overlap_grad_reduce:
+                # the gathers and the gradient buckets take turns on one communication stream: the step
+                # is at least both, back to back, whatever compute they hide behind (the engine's stream)
+                dp_exposed = max(dp_exposed, g + dp - pipeline - gather)
         else:
             gather = plan.dp_gather_s[crit]
     opt = plan.optimizer_s[crit]
