@@ -888,3 +888,28 @@ def test_offloading_refuses_what_megatron_core_refuses():
     sc = scenario(**flat, **{"parallelism.offload_activations": 10})
     again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
     assert again.parallelism.offload_activations == 10
+
+
+def test_lora_counts_the_frozen_weights_backward_as_their_data_gradient_alone():
+    """A LoRA step's model FLOPs: frozen matmuls forward and data gradient (2 × 2N), the scores three
+    times their forward, the adapters three times theirs -- 3 × the forward would put this run's MFU
+    at 1.07, above the chip's peak."""
+    from fmsim.model.flops import attention_flops_per_token, lora_flops_per_token, matmul_params_per_token
+    from fmsim.scenario import scenario_from_mapping
+
+    m = fmsim.load_catalog().model("llama3.1-405b")
+    layers, logits = matmul_params_per_token(m)
+    attn = attention_flops_per_token(m, 8192, causal=False)
+    adapters = 2.0 * sum(m.lora_params(i, 16, "attention") for i in range(m.layers))
+    fwd, step = lora_flops_per_token(m, 8192, 16, "attention")
+    assert fwd == pytest.approx(2 * (layers + logits) + attn + adapters)
+    assert step == pytest.approx(4 * (layers + logits) + 3 * attn + 3 * adapters)
+    sc = scenario_from_mapping({
+        "version": 1, "name": "lora-405b",
+        "workload": {"kind": "finetune", "model": "llama3.1-405b", "precision": "bf16", "seq_len": 8192,
+                     "global_batch": 64, "micro_batch": 4, "lora": {"rank": 16, "modules": "attention"}},
+        "parallelism": {"tp": 4, "pp": 1, "dp": "auto", "zero": 3, "recompute": "selective",
+                        "sequence_parallel": True},
+        "cluster": {"instance": "p4de.24xlarge", "nodes": 1}})
+    r = fmsim.simulate(sc)
+    assert 0 < r.get("mfu") <= r.get("hfu") < 1.0

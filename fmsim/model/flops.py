@@ -47,6 +47,21 @@ def exact_forward_flops_per_token(model: ModelSpec, seq_len: int, *, causal: boo
     return 2.0 * (layers + logits) + attention_flops_per_token(model, seq_len, causal=causal)
 
 
+def lora_flops_per_token(model: ModelSpec, seq_len: int, rank: int, modules: str = "all") -> tuple[float, float]:
+    """(forward, forward + backward) model FLOPs per token of LoRA fine-tuning, NeMo/Meta accounting
+    (every weight's matmuls, each layer's score matrix in full).
+
+    The frozen weights' backward computes only the data gradient, as much as their forward (Hu et al.
+    2021 §4.2); the attention scores' backward is twice their forward, as in pre-training; the adapters
+    train, so theirs is twice their forward too. Counting 3x the forward instead would put a LoRA run's
+    MFU above 1 wherever its GEMMs run near peak."""
+    layers, logits = matmul_params_per_token(model)
+    attn = attention_flops_per_token(model, seq_len, causal=False)
+    adapters = 2.0 * sum(model.lora_params(i, rank, modules) for i in range(model.layers))
+    frozen = 2.0 * (layers + logits)
+    return frozen + attn + adapters, 2.0 * frozen + 3.0 * attn + 3.0 * adapters
+
+
 def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = True) -> float:
     """Forward FLOPs per token of the attention scores and values over all layers.
 

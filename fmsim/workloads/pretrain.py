@@ -16,7 +16,7 @@ from typing import Any
 
 from ..engine.des import Job, RunResult, run_jobs
 from ..errors import OutOfMemoryError
-from ..model.flops import attention_flops_per_token, model_flops_per_step
+from ..model.flops import attention_flops_per_token, lora_flops_per_token, model_flops_per_step
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
@@ -395,9 +395,16 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     # model FLOPs: every weight's matmuls and the full attention square (NeMo/Meta accounting);
     # hardware FLOPs add what recompute runs again: the whole forward (full), or the attention
     # score and value products (selective, Korthikanti et al. 2022 §5)
-    model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
+    w = sc.workload
+    if w.lora_rank:
+        # frozen base weights: their backward is the data gradient alone (flops.lora_flops_per_token)
+        fwd_tok, step_tok = lora_flops_per_token(plan.model, plan.seq_len, w.lora_rank, w.lora_modules)
+        forward_flops, model_flops = tokens * fwd_tok, tokens * step_tok
+    else:
+        model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
+        forward_flops = model_flops / 3.0
     if plan.recompute == "full":
-        hw_flops = model_flops * 4.0 / 3.0
+        hw_flops = model_flops + forward_flops
     elif plan.recompute == "selective":
         core = "core_attn" in plan.recompute_modules
         hw_flops = model_flops + (plan.tokens_per_step * attention_flops_per_token(plan.model, plan.seq_len,
@@ -415,7 +422,6 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     nodes = plan.nodes
     usd_per_step = price.usd_per_hour * nodes * step / 3600.0 if price.usd_per_hour else None
     train_tokens = getattr(sc.workload, "train_tokens", None)
-    w = sc.workload
     trained = (sum(plan.model.lora_params(i, w.lora_rank, w.lora_modules) for i in range(plan.model.layers))
                if w.lora_rank else plan.model.num_params)
     good = goodput(sc, float(trained))
