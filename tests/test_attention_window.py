@@ -5,6 +5,7 @@ simulators must price local layers by those pairs and no more."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -130,3 +131,48 @@ def test_serving_decode_and_prefill_see_at_most_the_window_on_local_layers():
     assert local.context_growth(ctx) == pytest.approx(0.5 * 3 + 0.5 * 1)   # only the 50-token one still grows
     assert local.prefill_pairs(4096, 0) == pytest.approx(0.5 * causal_pairs(4096, 0) + 0.5 * window_pairs(4096, 0, 128))
     assert local.prefill_time(8192) < full.prefill_time(8192)
+
+
+# -- the KV pool of an engine that keeps a local layer's window only ------------------------------
+
+def _kv_cfg(window_share, window_keep=144, block=16):
+    from fmsim.engine.serving_des import EngineConfig
+    return EngineConfig(max_seqs=256, max_batch_tokens=8192, chunked_prefill=True, mixed_batches=True,
+                        block_size=block, total_blocks=10_000, admission="optimistic", prefix_caching=True,
+                        window_share=window_share, window_keep=window_keep)
+
+
+@settings(max_examples=60, deadline=None)
+@given(own=st.integers(0, 5000), extra=st.integers(0, 3000), share=st.sampled_from([0.0, 0.5, 5 / 6]))
+def test_a_sequence_takes_its_full_layers_tokens_and_at_most_the_window_on_local_ones(own, extra, share):
+    cfg = _kv_cfg(share)
+    total = own + extra                           # the part before `own` sits in shared prefix blocks
+    slots = (1 - share) * own + share * min(total, 144)
+    assert int(cfg.blocks(own, total)) == math.ceil(round(slots / 16, 9))
+    if share == 0:
+        assert int(cfg.blocks(own, total)) == -(-own // 16)          # the plain paged count
+    assert float(cfg.kv_slots(total)) <= total
+
+
+def test_vllm_holds_more_long_sequences_of_a_sliding_window_model_and_never_overfills_its_pool():
+    cat = fmsim.load_catalog()
+    local = cat.model("gpt-oss-20b").to_mapping()
+    full = {**local, "name": "gpt-oss-20b-full-kv"}
+    full.pop("attention_window")
+
+    def run(model, engine="vllm"):
+        return fmsim.simulate(scenario_from_mapping({
+            "version": 1, "name": "kv", "seed": 3,
+            "workload": {"kind": "inference", "model": model, "precision": "bf16"},
+            "parallelism": {"tp": 1}, "cluster": {"instance": "p5.48xlarge", "nodes": 1},
+            "traffic": {"arrival": "offline", "requests": 200, "prompt_len": 8000, "output_len": 1000},
+            "serving": {"engine": engine, "replicas": 1, "max_seqs": 1024}}))
+
+    w, f = run(local), run(full)
+    assert w.get("decode_batch_mean") > 1.5 * f.get("decode_batch_mean")
+    assert w.get("output_tokens_per_s") > f.get("output_tokens_per_s")
+    assert w.get("kv_utilization_peak") <= 1.0 and f.get("kv_utilization_peak") <= 1.0
+    assert w.get("unfinished_requests") == 0 and w.get("rejected_requests") == 0
+    # an engine without a sliding-window KV manager (vLLM V0) stores every layer's KV for every token
+    assert run(local, "vllm-0.6").get("decode_batch_mean") == pytest.approx(
+        run(full, "vllm-0.6").get("decode_batch_mean"), rel=0.05)

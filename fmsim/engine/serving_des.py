@@ -43,6 +43,33 @@ class EngineConfig:
     total_blocks: int
     admission: str              # optimistic | reserve
     prefix_caching: bool
+    #: local-attention layers whose KV the engine keeps for the window only (vLLM's hybrid KV cache
+    #: manager): their share of the layers, and the tokens one of them keeps per sequence (the window
+    #: plus the block being filled)
+    window_share: float = 0.0
+    window_keep: int = 0
+
+    def kv_slots(self, total: Any) -> Any:
+        """Token slots of the whole model a sequence of ``total`` tokens takes in the KV pool."""
+        if not self.window_share:
+            return total
+        f = self.window_share
+        return (1.0 - f) * np.asarray(total, dtype=float) + f * np.minimum(total, self.window_keep)
+
+    def blocks(self, own: Any, total: Any) -> Any:
+        """Blocks a sequence holds: ``own`` tokens in its own blocks (past a shared prefix), ``total``
+        in all. A local layer's share of them is capped at its window, and is not shared."""
+        B = self.block_size
+        if not self.window_share:
+            return -(-np.asarray(own) // B)
+        f = self.window_share
+        slots = (1.0 - f) * np.asarray(own, dtype=float) + f * np.minimum(total, self.window_keep)
+        return np.ceil(slots / B - 1e-9).astype(np.int64)
+
+    def shared_blocks(self, ctx: int) -> int:
+        """Blocks of a prompt's full blocks that its samples share (full-attention layers' part)."""
+        full = ctx // self.block_size
+        return full if not self.window_share else int(math.ceil((1.0 - self.window_share) * full - 1e-9))
 
 
 class Job:
@@ -195,24 +222,25 @@ class ReplicaEngine:
         tokens generated before a preemption) and grows per step; ``reserve`` (and ``full``)
         allocates every sample's whole output up front.
         """
-        B = self.cfg.block_size
+        cfg = self.cfg
         ctx = job.prompt
-        if job.n > 1 and self.cfg.prefix_caching:
-            shared = ctx // B
-            tail = ctx - shared * B
-        else:
-            shared, tail = 0, ctx
+        tail = self._tail(job)
+        shared = cfg.shared_blocks(ctx) if tail < ctx else 0
         if job.prefill_only:
             per = np.zeros(job.n, dtype=np.int64)
-            per[0] = -(-tail // B)
+            per[0] = int(cfg.blocks(tail, ctx))
             if shared == 0 and job.n > 1:
-                per[:] = -(-tail // B)
+                per[:] = int(cfg.blocks(tail, ctx))
             return shared, per
-        if full or self.cfg.admission == "reserve":
-            own = tail + np.maximum(job.out, job.gen)
-        else:
-            own = tail + job.gen
-        return shared, -(-own // B)
+        grown = np.maximum(job.out, job.gen) if (full or cfg.admission == "reserve") else job.gen
+        return shared, cfg.blocks(tail + grown, ctx + grown)
+
+    def _tail(self, job: Job) -> int:
+        """Prompt tokens in each sample's own blocks: past the shared full blocks (prefix caching with
+        several samples), or the whole prompt."""
+        if job.n > 1 and self.cfg.prefix_caching:
+            return job.prompt % self.cfg.block_size
+        return job.prompt
 
     def _job_block_total(self, job: Job) -> int:
         shared, per = self._job_blocks(job)
@@ -454,8 +482,7 @@ class ReplicaEngine:
         """Blocks the running sequences need to grow by ``k`` tokens each (optimistic admission)."""
         if k <= 0 or not len(self.own):
             return 0
-        B = self.cfg.block_size
-        return int((-(-(self.own + k) // B) - self.blk).clip(min=0).sum())
+        return int((self.cfg.blocks(self.own + k, self.ctx + k) - self.blk).clip(min=0).sum())
 
     def _advance(self, k: int, now: float) -> None:
         """Every running sequence gains ``k`` tokens; finished ones leave."""
@@ -464,7 +491,7 @@ class ReplicaEngine:
         self.own += k
         self.stats.decode_tokens += k * len(self.seq_job)
         if self.cfg.admission == "optimistic":
-            need = -(-self.own // self.cfg.block_size)
+            need = self.cfg.blocks(self.own, self.ctx)
             grow = need - self.blk
             self.used_blocks += int(grow.clip(min=0).sum())
             self.blk = np.maximum(self.blk, need)
@@ -533,14 +560,13 @@ class ReplicaEngine:
                 job.on_first_token(job, now)
         live = np.flatnonzero(job.gen < job.out)
         fin = np.flatnonzero(job.gen >= job.out)
-        B = self.cfg.block_size
         for s in fin.tolist():
             job.finish_s[s] = now
             job.samples_left -= 1
         if fin.size:
             self.used_blocks -= int(per[fin].sum())
         if live.size:
-            base = job.prompt - job.shared_blocks * B
+            base = self._tail(job)
             self.seq_job.extend([job] * live.size)
             self.seq_idx = np.concatenate([self.seq_idx, live])
             self.ctx = np.concatenate([self.ctx, job.prompt + job.gen[live]])

@@ -91,6 +91,7 @@ class EngineProfile:
     source: str
     graph_batch_sizes: tuple[int, ...] = ()   # decode-only batches run as CUDA graphs padded up to these
     cpu_overhead_fraction: float = 0.0        # share of wall time the GPU waits for the CPU scheduler
+    window_kv: bool = False                   # local-attention layers keep KV for their window only
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -98,12 +99,14 @@ ENGINES: Mapping[str, EngineProfile] = {
         name="vllm", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
         chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
         memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
-        kv_follows_quantization=False,
+        kv_follows_quantization=False, window_kv=True,
         source="vLLM engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization 0.9, "
                "kv_cache_dtype auto = model dtype), https://docs.vllm.ai/en/latest/serving/engine_args.html; "
                "V1 scheduler: chunked prefill and prefix caching on by default, 'near-zero CPU overhead' "
                "(vLLM blog 2025-01-27 'vLLM V1: A Major Upgrade'); recompute preemption "
-               "(Kwon et al., SOSP'23 PagedAttention, sec. 4.5)"),
+               "(Kwon et al., SOSP'23 PagedAttention, sec. 4.5); hybrid KV cache manager: 'sliding window "
+               "layers: reserve slots only for the most recent sliding_window_size tokens', one pool of "
+               "equal-size pages (https://docs.vllm.ai/en/latest/design/hybrid_kv_cache_manager/)"),
     "vllm-0.6": EngineProfile(
         name="vllm-0.6", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
         chunked_prefill=False, mixed_batches=False, prefix_caching=False, kv_block_size=16,

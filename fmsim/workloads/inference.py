@@ -151,6 +151,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
         block_size=int(block), total_blocks=int(blocks),
         admission=sv.admission or profile.admission,
         prefix_caching=sv.prefix_caching if sv.prefix_caching is not None else profile.prefix_caching,
+        window_share=cost.window_share if profile.window_kv else 0.0,
+        window_keep=cost.window + int(block) if profile.window_kv else 0,
     )
     return Pool(role=role, cost=cost, cfg=cfg, engines=replicas * pp, replicas=replicas,
                 gpus=replicas * cost.engine_gpus, kv_capacity_tokens=int(blocks * block), activation_bytes=act)
@@ -402,8 +404,9 @@ class _Simulation:
     def _handoff(self, job: Job, now: float) -> None:
         """Disaggregated: move the prompt's KV to a decode engine, then decode there."""
         cost = self.plan.pool("prefill").cost
-        size = job.prompt * cost.kv_bytes_per_token_total
         dec = self.plan.pool("decode")
+        # what the decode engine keeps is what moves: local layers' window only, where it keeps that
+        size = float(dec.cfg.kv_slots(job.prompt)) * cost.kv_bytes_per_token_total
         same_node = self.plan.nodes == 1
         delay = transfer_time(size, self.plan.instance, same_node=same_node,
                               streams=min(cost.engine_gpus, dec.cost.engine_gpus), collective=cost.collective)
@@ -740,9 +743,11 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     isl, osl = _mean_lengths(spec)
     n_samples = spec.ttc.samples * spec.ttc.revision_rounds
     share = n_samples > 1 and cfg.prefix_caching
-    per_token_kv = isl / (spec.ttc.samples if share else 1) + osl / 2.0
-    b_kv = pool.kv_capacity_tokens / max(1.0, per_token_kv if cfg.admission == "optimistic"
-                                         else isl / (spec.ttc.samples if share else 1) + osl)
+    # KV slots of one sequence: the prompt (its share of it, when samples share it) and, growing,
+    # half the output on average -- or all of it, reserved (local layers keep their window only)
+    prompt_kv = isl / (spec.ttc.samples if share else 1)
+    per_token_kv = float(cfg.kv_slots(prompt_kv + (osl / 2.0 if cfg.admission == "optimistic" else osl)))
+    b_kv = pool.kv_capacity_tokens / max(1.0, per_token_kv)
     b_max = max(1.0, min(cfg.max_seqs, b_kv))
     pf_pool = plan.pool("prefill")
     t_pf = (pf_pool or pool).cost.prefill_time(int(isl), spec.traffic.cached_prefix_len)
