@@ -233,7 +233,11 @@ class ReplicaEngine:
                 per[:] = int(cfg.blocks(tail, ctx))
             return shared, per
         grown = np.maximum(job.out, job.gen) if (full or cfg.admission == "reserve") else job.gen
-        return shared, cfg.blocks(tail + grown, ctx + grown)
+        per = cfg.blocks(tail + grown, ctx + grown)
+        if not full:
+            # a sample that finished before a preemption needs no KV when its job comes back
+            per = np.where((job.gen >= job.out) & (job.gen > 0), 0, per)
+        return shared, per
 
     def _tail(self, job: Job) -> int:
         """Prompt tokens in each sample's own blocks: past the shared full blocks (prefix caching with
@@ -559,12 +563,15 @@ class ReplicaEngine:
             if job.on_first_token is not None:
                 job.on_first_token(job, now)
         live = np.flatnonzero(job.gen < job.out)
-        fin = np.flatnonzero(job.gen >= job.out)
-        for s in fin.tolist():
+        done = job.gen >= job.out
+        # samples done now (the prefill's token was their last); those done before a preemption were
+        # counted then and keep their finish time
+        for s in np.flatnonzero(done & np.isnan(job.finish_s)).tolist():
             job.finish_s[s] = now
             job.samples_left -= 1
-        if fin.size:
-            self.used_blocks -= int(per[fin].sum())
+        if done.any():
+            self.used_blocks -= int(per[done].sum())
+            per[done] = 0
         if live.size:
             base = self._tail(job)
             self.seq_job.extend([job] * live.size)
