@@ -330,3 +330,23 @@ def test_a_job_preempted_after_one_sample_finished_does_not_count_that_sample_tw
     r = fmsim.simulate(sc)
     assert r.get("preemptions") > 100
     assert r.get("unfinished_requests") == 0
+
+
+def test_requests_that_cannot_fit_the_kv_cache_are_rejected_and_named_in_both_methods():
+    """Four samples of 2.5k tokens each on an engine whose KV cache holds under 2k tokens: the engine
+    refuses every request; the estimate used to report a throughput, and the bottleneck pointed at the
+    decode step."""
+    import fmsim
+    from fmsim.scenario import scenario_from_mapping
+
+    sc = scenario_from_mapping({
+        "version": 1, "name": "too-big", "seed": 1,
+        "workload": {"kind": "inference", "model": "gpt-310b", "precision": "fp8"},
+        "parallelism": {"tp": 1, "pp": 2}, "cluster": {"instance": "dgx-b200", "nodes": 1},
+        "traffic": {"arrival": "poisson", "rate": "5/s", "requests": 20, "prompt_len": 2000, "output_len": 500},
+        "serving": {"engine": "vllm-0.6", "admission": "reserve"},
+        "test_time_compute": {"samples": 4, "strategy": "self-consistency"}})
+    for r in (fmsim.simulate(sc), fmsim.estimate(sc)):
+        assert r.get("output_tokens_per_s") == 0.0
+        assert r.get("rejected_requests") == 20
+        assert r.get("bottleneck").startswith("KV cache too small: 20 requests rejected")

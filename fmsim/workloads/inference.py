@@ -673,6 +673,11 @@ def _details(plan: ServingPlan) -> dict[str, Any]:
 
 
 def _bottleneck(plan: ServingPlan, m: Mapping[str, Any], step: Mapping[str, float]) -> str:
+    if m.get("rejected_requests"):
+        pool = plan.pool("serve") or plan.pool("decode")
+        cap = f"{pool.kv_capacity_tokens:,} tokens" if pool else "its tokens"
+        return (f"KV cache too small: {m['rejected_requests']} requests rejected, their prompt and output do "
+                f"not fit one engine's KV cache ({cap}) -- raise tp/pp, lower the precision or the lengths")
     if m.get("unfinished_requests"):
         return "overloaded: requests still queued at the horizon"
     if (m.get("kv_utilization_peak") or 0) > 0.97 or m.get("preemptions"):
@@ -824,6 +829,18 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
             met = False
     m["slo_met"] = met if spec.slo.limits_s else None
     m["goodput_requests_per_s"] = m["requests_per_s"] if met else 0.0
+    # a request whose prompt and whole output (every sample's) cannot sit in one engine's KV cache is
+    # refused, as the engine refuses it (the mean request stands for all of them here)
+    samples = spec.ttc.samples
+    whole = (float(cfg.kv_slots(isl + samples * osl)) if share
+             else samples * float(cfg.kv_slots(isl + osl)))
+    if whole > pool.kv_capacity_tokens:
+        for k in ("output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s", "questions_per_s",
+                  "total_tokens_per_s", "goodput_requests_per_s", "decode_batch_mean"):
+            m[k] = 0.0
+        m["rejected_requests"] = spec.traffic.num_requests
+        m["usd_per_million_output_tokens"] = m["usd_per_query"] = m["usd_per_question"] = None
+        m["slo_met"] = False if spec.slo.limits_s else None
     return m
 
 
