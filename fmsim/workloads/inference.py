@@ -829,11 +829,14 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
             met = False
     m["slo_met"] = met if spec.slo.limits_s else None
     m["goodput_requests_per_s"] = m["requests_per_s"] if met else 0.0
-    # a request whose prompt and whole output (every sample's) cannot sit in one engine's KV cache is
-    # refused, as the engine refuses it (the mean request stands for all of them here)
+    # the engine refuses a request whose prompt and whole output (every sample's) cannot sit in its KV
+    # cache; when even the shortest request the lengths allow is too long, it refuses them all
     samples = spec.ttc.samples
-    whole = (float(cfg.kv_slots(isl + samples * osl)) if share
-             else samples * float(cfg.kv_slots(isl + osl)))
+    p_min = spec.traffic.prompt_len.smallest()
+    o_min = spec.traffic.output_len.smallest() + (min(spec.ttc.thinking_len.smallest(), spec.ttc.thinking_budget)
+                                                  if spec.ttc.thinking_len is not None else 0)
+    whole = (float(cfg.kv_slots(p_min + samples * o_min)) if share
+             else samples * float(cfg.kv_slots(p_min + o_min)))
     if whole > pool.kv_capacity_tokens:
         for k in ("output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s", "questions_per_s",
                   "total_tokens_per_s", "goodput_requests_per_s", "decode_batch_mean"):

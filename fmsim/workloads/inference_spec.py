@@ -252,6 +252,12 @@ class LengthDist:
             v = float(max(self.values))
         return min(v, float(self.max)) if self.max else v
 
+    def smallest(self) -> int:
+        """The shortest length a draw can give."""
+        base = {"fixed": self.value, "uniform": self.low,
+                "empirical": min(self.values) if self.values else self.min}.get(self.kind, self.min)
+        return max(self.min, int(base))
+
     def expected(self) -> float:
         """Mean of the distribution as sampled (used by the analytical estimate): before clipping,
         or of the truncated distribution with ``outside: redraw``."""
