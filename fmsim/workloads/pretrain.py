@@ -248,14 +248,47 @@ def _stage_of(plan: Plan, key: str) -> int:
     return v % plan.pp
 
 
+def _fsdp_chain_s(plan: Plan, s: int) -> float:
+    """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
+    gather, issued when the task two back has finished (one task of prefetch); each backward's
+    reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
+    and the two streams, sharing the group's links, take at least their traffic back to back.
+    Pipeline waits are left to the caller."""
+    vpp, m = plan.vpp, plan.num_microbatches
+    g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
+    sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
+    ag = rs = comp = 0.0
+    ends: list[float] = []
+    traffic = 0.0
+    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
+        st = plan.virtual_stage(s, t.chunk)
+        if g > 0:
+            ag = max(ag, ends[k - 2] if k >= 2 else 0.0) + g
+            traffic += g
+        if t.kind == "F":
+            dur = st.fwd_s * jit + sm * min(st.fwd_s, g)
+        else:
+            dur = st.bwd_s * jit + sm * min(st.bwd_s, g + r)
+        comp = max(comp, ag if g > 0 else 0.0) + dur
+        ends.append(comp)
+        if t.kind == "B" and r > 0:
+            rs = max(rs, comp) + r
+            traffic += r
+    # the two streams share the links: together they cannot finish sooner than back to back
+    return max(comp, rs, traffic)
+
+
 def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     """Analytical step time from the same stage costs, no event queue.
 
     Pipeline: m micro-batches through the slowest stage plus the fill/drain of the others,
     divided by vpp when interleaved (Narayanan et al. 2021 §2.2: bubble (p-1)/(v·m)); pipeline
     sends as the engine's critical path has them (see below). Data-parallel: the gradient reduce that does
-    not fit under the last micro-batch's backward when overlapped (all of it otherwise), the
-    optimizer, and the parameter all-gather unless overlapped with the forward.
+    not fit under the last micro-batch's backward when overlapped (interleaved: under the cool-down, the
+    chunks' buckets reduced in turn), all of it otherwise; the optimizer; the parameter all-gather unless
+    overlapped with the forward; with a pipeline, the other stages' slowdowns beside their own traffic,
+    which lie on the first micro-batch's way down and the last one's way back. ZeRO-3/FSDP: the stage's
+    tasks one by one, each behind its own gather (``_fsdp_chain_s``).
     """
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     jit = plan.straggler_task_factor
@@ -301,16 +334,26 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         # on their own streams over the same links. The first gather precedes all compute and the last
         # reduce follows it; the others run beside the compute of the m·vpp tasks, which they slow (as
         # in the engine). The step is the longer of the stretched compute and the serial traffic.
-        first_ag, last_rs = plan.dp_gather_s[crit] / vpp, dp / vpp
-        beside = 2 * m * plan.dp_gather_s[crit] - first_ag + m * dp - last_rs
-        compute = m * per_stage[crit]
-        stretched = compute + plan.overlap_slowdown * min(compute, beside) + first_ag + last_rs
-        dp_exposed = max(stretched, first_ag + beside + last_rs) - compute
+        dp_exposed = max(0.0, _fsdp_chain_s(plan, crit) - m * per_stage[crit])
         gather = 0.0
     else:
         sm = plan.overlap_slowdown
         nb = max(1, len(plan.dp_buckets[crit]))
-        if plan.overlap_grad_reduce:
+        if plan.overlap_grad_reduce and vpp > 1:
+            # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c
+            # on, and the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream
+            # works through them behind the rest of the cool-down, and what it has left when the last
+            # backward ends is exposed; the compute it runs beside is slower (as in the engine)
+            start, free, r = 0.0, 0.0, dp / vpp
+            for c in reversed(range(vpp)):
+                b_c = plan.virtual_stage(crit, c).bwd_s
+                free = max(free, start) + r
+                end = start + b_c
+                if c:
+                    start = end + (pp - 1) * plan.virtual_stage(crit, c - 1).bwd_s
+            tail = max(0.0, free - end)
+            dp_exposed = tail + sm * min(dp - tail, end)
+        elif plan.overlap_grad_reduce:
             # overlapped with the last backward, which runs slower beside it (as in the engine)
             hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
             dp_exposed = max(0.0, dp - hidden) + sm * min(dp, hidden)
@@ -327,6 +370,20 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                 dp_exposed = max(dp_exposed, g + dp - pipeline - gather)
         else:
             gather = plan.dp_gather_s[crit]
+        if pp > 1:
+            # every stage's first forwards and last backwards run slower beside its own gathers and
+            # reduces, and those tasks lie on the first micro-batch's way down the pipeline and the
+            # last one's way back: the other stages' slowdowns add to the critical stage's wait
+            for s in range(pp):
+                if s == crit:
+                    continue
+                g_s, dp_s = plan.dp_gather_s[s], sum(plan.dp_buckets[s])
+                nb_s = max(1, len(plan.dp_buckets[s]))
+                if plan.overlap_grad_reduce:
+                    dp_exposed += sm * min(dp_s, sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+                if plan.overlap_param_gather and plan.zero >= 1:
+                    dp_exposed += sm * min(sum(plan.virtual_stage(s, c).fwd_s for c in range(vpp)),
+                                           g_s * (nb_s - 1) / nb_s)
     opt = plan.optimizer_s[crit]
     straggle = plan.straggler_step_wait_s([d for c in range(vpp) for d in (plan.virtual_stage(crit, c).fwd_s,
                                                                            plan.virtual_stage(crit, c).bwd_s)] * m)
