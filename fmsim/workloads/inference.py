@@ -841,7 +841,7 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
         for k in ("output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s", "questions_per_s",
                   "total_tokens_per_s", "goodput_requests_per_s", "decode_batch_mean"):
             m[k] = 0.0
-        m["rejected_requests"] = spec.traffic.num_requests
+        m["rejected_requests"], m["unfinished_requests"] = spec.traffic.num_requests, 0
         m["usd_per_million_output_tokens"] = m["usd_per_query"] = m["usd_per_question"] = None
         m["slo_met"] = False if spec.slo.limits_s else None
     return m
