@@ -331,9 +331,8 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     dp = sum(plan.dp_buckets[crit])
     if plan.zero >= 3:
         # FSDP: per task one all-gather (forward and backward) and per backward one reduce-scatter,
-        # on their own streams over the same links. The first gather precedes all compute and the last
-        # reduce follows it; the others run beside the compute of the m·vpp tasks, which they slow (as
-        # in the engine). The step is the longer of the stretched compute and the serial traffic.
+        # on their own streams over the same links, replayed task by task (_fsdp_chain_s): what the
+        # chain takes beyond the stage's compute is exposed data-parallel time
         dp_exposed = max(0.0, _fsdp_chain_s(plan, crit) - m * per_stage[crit])
         gather = 0.0
     else:
