@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from ..model.serving_cost import IterationWork, kv_stream_tokens
+from ..model.serving_cost import IterationWork, kv_stream_tokens, windowed_tokens
 
 _NAN = float("nan")
 
@@ -53,8 +53,7 @@ class EngineConfig:
         """Token slots of the whole model a sequence of ``total`` tokens takes in the KV pool."""
         if not self.window_share:
             return total
-        f = self.window_share
-        return (1.0 - f) * np.asarray(total, dtype=float) + f * np.minimum(total, self.window_keep)
+        return windowed_tokens(total, total, self.window_share, self.window_keep)
 
     def blocks(self, own: Any, total: Any) -> Any:
         """Blocks a sequence holds: ``own`` tokens in its own blocks (past a shared prefix), ``total``
@@ -62,14 +61,13 @@ class EngineConfig:
         B = self.block_size
         if not self.window_share:
             return -(-np.asarray(own) // B)
-        f = self.window_share
-        slots = (1.0 - f) * np.asarray(own, dtype=float) + f * np.minimum(total, self.window_keep)
+        slots = windowed_tokens(own, total, self.window_share, self.window_keep)
         return np.ceil(slots / B - 1e-9).astype(np.int64)
 
     def shared_blocks(self, ctx: int) -> int:
         """Blocks of a prompt's full blocks that its samples share (full-attention layers' part)."""
         full = ctx // self.block_size
-        return full if not self.window_share else int(math.ceil((1.0 - self.window_share) * full - 1e-9))
+        return full if not self.window_share else math.ceil((1.0 - self.window_share) * full - 1e-9)
 
 
 class Job:

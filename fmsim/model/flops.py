@@ -72,9 +72,8 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = 
     if causal:
         keys = sum(model.attention_keys(i, seq_len) for i in range(model.layers))
     else:
-        w = model.window
-        keys = sum(float(min(seq_len, w.size)) if w is not None and model.is_windowed_layer(i) else float(seq_len)
-                   for i in range(model.layers))
+        band = min(seq_len, model.window.size) if model.window is not None else seq_len
+        keys = sum(float(band if model.is_windowed_layer(i) else seq_len) for i in range(model.layers))
     return 2.0 * keys * (dqk + dv)
 
 

@@ -413,17 +413,17 @@ class ServingCostModel:
     def effective_context(self, ctx: Any) -> float:
         """Decode context summed over sequences (``ctx``: one length or an array of them) as the
         attention sees it: full layers the whole context, local layers at most ``window`` keys."""
-        total = float(np.sum(ctx))
         if not self.window_share:
-            return total
-        return (1.0 - self.window_share) * total + self.window_share * float(np.minimum(ctx, self.window).sum())
+            return float(np.sum(ctx))
+        return float(np.sum(windowed_tokens(ctx, ctx, self.window_share, self.window)))
 
     def context_growth(self, ctx: Any) -> float:
         """How much :meth:`effective_context` grows when each sequence gains one token."""
         n = float(np.size(ctx))
         if not self.window_share:
             return n
-        return (1.0 - self.window_share) * n + self.window_share * float(np.count_nonzero(np.asarray(ctx) < self.window))
+        growing = float(np.count_nonzero(np.asarray(ctx) < self.window))
+        return (1.0 - self.window_share) * n + self.window_share * growing
 
     def prefill_pairs(self, chunk: int, past: int) -> float:
         """(query, key) pairs of a prefill chunk: causal on full layers, capped by the window on
@@ -493,6 +493,12 @@ class ServingCostModel:
                 breakdown={"weights": self.weight_bytes_per_gpu, "activations": activation_bytes,
                            "hbm": hbm_bytes})
         return int(kv / self.kv_bytes_per_token_per_gpu) * self.kv_tokens_split
+
+
+def windowed_tokens(full: Any, local: Any, share: float, keep: float) -> Any:
+    """Tokens as a model with local-attention layers counts them: ``full`` on its full-attention
+    layers, ``local`` capped at ``keep`` on its ``share`` of local ones (scalars or arrays)."""
+    return (1.0 - share) * np.asarray(full, dtype=float) + share * np.minimum(local, keep)
 
 
 def causal_pairs(chunk: int, past: int) -> float:

@@ -630,7 +630,8 @@ def _decode_step_parts(plan: ServingPlan, m: Mapping[str, Any]) -> dict[str, flo
     b = m.get("decode_batch_mean")
     n = max(1, round(b)) if b is not None and math.isfinite(b) else 1
     isl, osl = _mean_lengths(plan.spec)
-    w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=n * pool.cost.effective_context(isl + osl / 2))
+    ctx = pool.cost.effective_context(isl + osl / 2)
+    w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=n * ctx)
     out = dict(pool.cost.breakdown(w))
     out["step_s"] = pool.cost.iteration_time(w)
     return out

@@ -256,7 +256,8 @@ class LengthDist:
         """The shortest length a draw can give."""
         base = {"fixed": self.value, "uniform": self.low,
                 "empirical": min(self.values) if self.values else self.min}.get(self.kind, self.min)
-        return max(self.min, int(base))
+        low = max(self.min, int(base))
+        return min(low, self.max) if self.max else low
 
     def expected(self) -> float:
         """Mean of the distribution as sampled (used by the analytical estimate): before clipping,

@@ -278,6 +278,14 @@ def _fsdp_chain_s(plan: Plan, s: int) -> float:
     return max(comp, rs, traffic)
 
 
+def _gather_slowdown_s(plan: Plan, s: int) -> float:
+    """How much slower stage ``s``'s first forwards run beside its overlapped parameter gather (all
+    buckets but the first, which they wait for), as the engine slows them."""
+    g, nb = plan.dp_gather_s[s], max(1, len(plan.dp_buckets[s]))
+    first_fwd = sum(plan.virtual_stage(s, c).fwd_s for c in range(plan.vpp))
+    return plan.overlap_slowdown * min(first_fwd, g * (nb - 1) / nb)
+
+
 def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     """Analytical step time from the same stage costs, no event queue.
 
@@ -361,8 +369,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         if plan.overlap_param_gather and plan.zero >= 1:
             # bucket by bucket ahead of the first forward: only the first bucket waits in the open
             g = plan.dp_gather_s[crit]
-            first_fwd = sum(plan.virtual_stage(crit, c).fwd_s for c in range(vpp))
-            gather = g / nb + sm * min(first_fwd, g * (nb - 1) / nb)
+            gather = g / nb + _gather_slowdown_s(plan, crit)
             if plan.overlap_grad_reduce:
                 # the gathers and the gradient buckets take turns on one communication stream: the step
                 # is at least both, back to back, whatever compute they hide behind (the engine's stream)
@@ -376,13 +383,11 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             for s in range(pp):
                 if s == crit:
                     continue
-                g_s, dp_s = plan.dp_gather_s[s], sum(plan.dp_buckets[s])
-                nb_s = max(1, len(plan.dp_buckets[s]))
                 if plan.overlap_grad_reduce:
-                    dp_exposed += sm * min(dp_s, sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+                    dp_exposed += sm * min(sum(plan.dp_buckets[s]),
+                                           sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
                 if plan.overlap_param_gather and plan.zero >= 1:
-                    dp_exposed += sm * min(sum(plan.virtual_stage(s, c).fwd_s for c in range(vpp)),
-                                           g_s * (nb_s - 1) / nb_s)
+                    dp_exposed += _gather_slowdown_s(plan, s)
     opt = plan.optimizer_s[crit]
     straggle = plan.straggler_step_wait_s([d for c in range(vpp) for d in (plan.virtual_stage(crit, c).fwd_s,
                                                                            plan.virtual_stage(crit, c).bwd_s)] * m)
