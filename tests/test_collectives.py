@@ -155,6 +155,21 @@ def test_hierarchical_all_reduce_is_reduce_scatter_then_shard_all_reduce_then_al
     assert c.time_s == pytest.approx(2 * intra + inter, rel=1e-12)
 
 
+def test_all_gather_and_reduce_scatter_span_nodes_on_one_ring_as_nccl_runs_them():
+    # NCCL has no hierarchical all-gather or reduce-scatter (NVIDIA/nccl #1473, #1413): across nodes
+    # without an in-switch reduction they run on a ring over every member, whose latency grows with it
+    inst = make_instance(link_lat=3e-6, fab_lat=30e-6)
+    shape = GroupShape(size=1536, per_node=8)
+    for op in ("all-gather", "reduce-scatter"):
+        c = collective_time(op, 80e6, inst, shape)
+        assert c.algorithm == "ring"
+        assert c.time_s == pytest.approx(collective_time(op, 80e6, inst, shape, algo="ring").time_s)
+        assert c.time_s > (1344 * 3e-6 + 191 * 30e-6)          # the ring's hops: 7 x 192 NVLink, 191 fabric
+        with pytest.raises(ConfigError, match="does not implement"):
+            collective_time(op, 80e6, inst, shape, algo="hierarchical")
+    assert collective_time("all-reduce", 80e6, inst, shape).algorithm != "ring"     # tree or hierarchical
+
+
 def test_pipeline_of_one_stage_is_plain_alpha_beta():
     assert pipelined_s(1000.0, [(2e-6, 1e-9)], chunk_max=64.0) == pytest.approx(2e-6 + 1000 * 1e-9)
 

@@ -445,19 +445,18 @@ register(Algorithm("nvls-tree", ("all-reduce",), functools.partial(_nvls_cost, i
 def _hierarchical_cost(op: str, size: float, v: GroupView) -> float:
     # Two-level, phase after phase: reduce-scatter inside the domain, all-reduce of the S/d shard
     # between domains, all-gather inside the domain (hierarchical all-reduce of Jia et al. 2018,
-    # "Highly scalable deep learning training system with mixed-precision", arXiv:1807.11205).
+    # "Highly scalable deep learning training system with mixed-precision", arXiv:1807.11205). NCCL's
+    # tree on a node with one NIC per GPU "can also be seen as a reduce-scatter+allreduce+allgather"
+    # (NVIDIA/nccl issue #530, sjeaugey, 2021-07-01). All-reduce only: NCCL has no such decomposition
+    # of all-gather or reduce-scatter -- those run on a ring that spans every member, NVLS or, from
+    # 2.23, PAT at one GPU per node (NVIDIA/nccl issues #1473, 2024-10-09, and #1413, 2024-08-23).
     inner, fab, d = v.inner(), v.tier("fabric"), v.per_domain
-    assert fab is not None
-    k = fab.fanout
-    intra = ring_gather_s(size, inner)
-    if op == "all-reduce":
-        a, b = _inter_all_reduce(fab, v.in_network)
-        return 2 * intra + a + size / d * b
-    # reduce-scatter: inside first, then the S/d shards between domains; all-gather the reverse
-    return intra + (k - 1) * fab.latency_s + (k - 1) / k * size / d / fab.bytes_per_s
+    assert fab is not None and op == "all-reduce"
+    a, b = _inter_all_reduce(fab, v.in_network)
+    return 2 * ring_gather_s(size, inner) + a + size / d * b
 
 
-register(Algorithm("hierarchical", ("all-reduce", "all-gather", "reduce-scatter"), _hierarchical_cost,
+register(Algorithm("hierarchical", ("all-reduce",), _hierarchical_cost,
                    lambda v: v.domains > 1 and v.per_domain > 1,
                    "reduce-scatter in the domain, all-reduce between domains, all-gather in the domain"))
 
