@@ -133,6 +133,7 @@ PARALLELISM_KEYS = (
     "recompute",
     "recompute_modules",
     "zero",
+    "dp_shard",
     "grad_reduce_precision",
     "param_gather_precision",
     "offload_activations",
@@ -202,6 +203,10 @@ class Parallelism:
     # the modules `selective` recomputes (RECOMPUTE_MODULES); () unless recompute is selective
     recompute_modules: tuple[str, ...] = ()
     zero: int = 0
+    # hybrid sharding (PyTorch FSDP HYBRID_SHARD / torchtitan's dp_shard x dp_replicate, Megatron-Core's
+    # --num-distributed-optimizer-instances): ZeRO shards over groups of dp_shard data-parallel ranks and
+    # the dp / dp_shard groups keep replicas, their gradients all-reduced shard by shard. 0 = all of dp
+    dp_shard: int = 0
     # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
     # Megatron-Bridge's performance recipes set it); fp16 runs keep fp16 gradients unless told
@@ -227,6 +232,11 @@ class Parallelism:
     ep_dispatch: str = "alltoall"
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
+
+    @property
+    def shard_width(self) -> int:
+        """Data-parallel ranks one ZeRO/FSDP shard group spans (dp without hybrid sharding)."""
+        return self.dp_shard or self.dp
 
     @property
     def model_parallel(self) -> int:
@@ -1225,6 +1235,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     if param_gather == "fp8" and workload.precision not in ("fp8", "fp4"):
         raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
                      "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
+    zero = ps.integer("zero", 0, minimum=0, maximum=3)
     order = DEFAULT_ORDER
     if ps.has("order"):
         raw = ps.raw("order")
@@ -1251,7 +1262,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         sequence_parallel=ps.boolean("sequence_parallel", False),
         recompute=recompute,
         recompute_modules=modules,
-        zero=ps.integer("zero", 0, minimum=0, maximum=3),
+        zero=zero,
+        dp_shard=_dp_shard(ps, dp=dp, zero=zero, ep=ep),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
         param_gather_precision=param_gather,
@@ -1262,6 +1274,28 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         overlap=overlap,
         order=order,
     )
+
+
+def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:
+    """``parallelism.dp_shard``: 0 (all of dp, the default) or the width of a hybrid shard group."""
+    raw = ps.raw("dp_shard", "auto")
+    if raw == "auto":
+        return 0
+    if isinstance(raw, str):
+        raise ps.err("dp_shard", f"{raw!r} is not valid (expected auto or an integer >= 1)")
+    n = ps.integer("dp_shard", hint="auto or an integer")
+    if dp % n:
+        raise ps.err("dp_shard", f"{n} does not divide dp = {dp} (expected a divisor of {dp}: dp / dp_shard "
+                     "replicas of one shard group)", ParallelismError)
+    if n == dp:
+        return 0
+    if zero == 0:
+        raise ps.err("dp_shard", f"{n} < dp = {dp} with zero: 0 (expected zero >= 1: without ZeRO nothing is "
+                     "sharded; or dp_shard: auto)", ParallelismError)
+    if ep > 1:
+        raise ps.err("dp_shard", f"{n} < dp = {dp} with ep = {ep} (expected ep: 1 or dp_shard: auto: hybrid "
+                     "sharding of expert weights is not modelled)", ParallelismError)
+    return n
 
 
 def _pricing(top: _Section) -> Pricing:
@@ -1550,6 +1584,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "recompute": par.recompute,
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
+        **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),

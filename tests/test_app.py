@@ -149,6 +149,22 @@ def test_a_gpu_count_that_tp_pp_cp_do_not_divide_is_shown_with_what_to_change():
     assert not at.metric
 
 
+def test_the_shard_group_knob_runs_hybrid_sharding_as_the_api_does_and_explains_a_bad_one():
+    # the bundled Llama 3 70B plan: tp 8, pp 4 on 8 p5 -> dp 2, ZeRO 1
+    at = open_page("1_Training.py")
+    assert at.number_input(key="train.dp_shard").value == 0          # all of dp
+    at.number_input(key="train.dp_shard").set_value(1).run()
+    assert not at.exception and not at.error
+    res = training_expect({"parallelism.dp_shard": 1, "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert res.metrics["memory_per_gpu_bytes"] > training_expect().metrics["memory_per_gpu_bytes"]
+    at.number_input(key="train.dp_shard").set_value(3).run()
+    assert not at.exception
+    assert "parallelism.dp_shard" in texts(at.error) and "divides dp" in texts(at.info)
+    at.number_input(key="train.dp_shard").set_value(0).run()          # back to all of dp
+    assert not at.error and shown(at)["Step time"] == logic.fmt_time(training_expect().metrics["step_time_s"])
+
+
 def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     at = open_page("1_Training.py")
     at.select_slider(key="train.tp").set_value(1)

@@ -36,6 +36,7 @@ PATHS = {
     "cp": "parallelism.cp",
     "ep": "parallelism.ep",
     "zero": "parallelism.zero",
+    "dp_shard": "parallelism.dp_shard",
     "recompute": "parallelism.recompute",
     "schedule": "parallelism.schedule",
     "sequence_parallel": "parallelism.sequence_parallel",
@@ -65,6 +66,7 @@ def knob_defaults(sc, cat) -> dict:
         "cp": par.cp,
         "ep": par.ep,
         "zero": par.zero,
+        "dp_shard": par.dp_shard,
         "recompute": par.recompute,
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
@@ -89,7 +91,7 @@ def overrides_from(defaults: dict) -> tuple:
             continue
         if knob in ("model", "pricing") and (str(v).endswith(INLINE) or v == FIXED):
             continue
-        out[path] = v
+        out[path] = "auto" if knob == "dp_shard" and not v else v
     if out:
         out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
     return logic.as_overrides(out)
@@ -147,7 +149,16 @@ def draw_knobs(defaults: dict, cat) -> None:
     c1, c2 = sb.columns(2)
     c1.selectbox("ZeRO stage", [0, 1, 2, 3], key=f"{P}.zero")
     c2.selectbox("Recompute", ["none", "selective", "full"], key=f"{P}.recompute")
-    sb.selectbox("Schedule", ["1f1b", "interleaved", "gpipe"], key=f"{P}.schedule")
+    c1, c2 = sb.columns(2)
+    c1.selectbox("Schedule", ["1f1b", "interleaved", "gpipe"], key=f"{P}.schedule")
+    c2.number_input(
+        "Shard group",
+        min_value=0,
+        step=1,
+        key=f"{P}.dp_shard",
+        help="Data-parallel ranks one ZeRO/FSDP shard spans (hybrid sharding: the rest hold replicas); "
+        "0 = all of dp.",
+    )
     sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
 
 

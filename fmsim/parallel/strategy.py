@@ -466,8 +466,11 @@ def build_plan(sc) -> Plan:
         pp_send = coster.cost("send-recv", act_bytes, pp_shape)
         pp_cross = pp_shape.per_node < pp_shape.size
     # data parallel: gradient reduce-scatter (fp32 or bf16 main grads) in buckets, param all-gather (bf16)
-    dp_shape = shapes["dp"]
-    edp = max(1, tp * dp * cp // (ep * etp))
+    # hybrid sharding: ZeRO shards over groups of shard_w ranks, the dp / shard_w groups hold replicas
+    shard_w = par.shard_width
+    hybrid = shard_w < dp
+    dp_shape, replicas = _hybrid_groups(shapes["dp"], shard_w)
+    edp = max(1, tp * shard_w * cp // (ep * etp))
     grad_bytes = BYTES_PER_ELEMENT[par.grad_reduce_precision]
     weight_bytes = BYTES_PER_ELEMENT[par.param_gather_precision]
     buckets, gathers, opt, mem = [], [], [], []
@@ -478,12 +481,18 @@ def build_plan(sc) -> Plan:
         # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
         local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
                                                      etp=etp)
+        if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
+            local_dense, local_expert = local_dense + local_expert, 0.0
         times = []
         for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
-            if params <= 0 or shape.size <= 1:
+            if params <= 0 or shape.size <= 1 and not hybrid:
                 continue
             nb = max(1, round(params / BUCKET_PARAMS))
             t = coster.cost(reduce_op, params / nb * grad_bytes, shape)
+            if hybrid:
+                # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
+                # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
+                t += coster.cost("all-reduce", params / nb * grad_bytes / shape.size, replicas)
             times += [t] * nb
         buckets.append(tuple(times))
         g = 0.0
@@ -493,11 +502,13 @@ def build_plan(sc) -> Plan:
             units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
                 if par.zero >= 3 else ((local_dense, local_expert),)
             for dense, expert in units:
+                if hybrid:
+                    dense, expert = dense + expert, 0.0
                 for params, shape in ((dense, dense_group), (expert, expert_group)):
                     if params > 0 and shape.size > 1:
                         g += coster.cost("all-gather", params * weight_bytes, shape)
         gathers.append(g)
-        owned = (local_dense / (dp * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
+        owned = (local_dense / (shard_w * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
         step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM
         if grad_bytes < BYTES_PER_ELEMENT["fp32"]:
             # 16-bit gradient buffers: the owned shard is cast to fp32 main grads (read 2, write 4 B)
@@ -509,7 +520,7 @@ def build_plan(sc) -> Plan:
         step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
         opt.append(step_bytes / hbm)
         mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
-                                   micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=dp, cp=cp,
+                                   micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
                                    recompute_modules=par.recompute_modules,
@@ -534,12 +545,32 @@ def build_plan(sc) -> Plan:
         overlap_tp_comm=par.overlap.tp_comm, overlap_pp_comm=par.overlap.pp_comm, shapes=shapes, stages=stages,
         pp_send_s=pp_send,
         pp_cross_node=pp_cross,
-        dp_cross_node=any(g.size > 1 and g.per_node < g.size for g in (dense_group, expert_group)),
+        dp_cross_node=any(g.size > 1 and g.per_node < g.size for g in (dense_group, expert_group, replicas)),
         dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,
         offload_layers=par.offload_activations,
     )
+
+
+def _hybrid_groups(dp_shape: GroupShape, shard: int) -> tuple[GroupShape, GroupShape]:
+    """(shard group, replica group) of hybrid sharding over a data-parallel group placed as ``dp_shape``.
+
+    A shard group is ``shard`` consecutive data-parallel ranks (the inner part of the axis, as torchtitan's
+    dp_shard mesh dimension and FSDP's HYBRID_SHARD intra-node group are); the replica group joins the
+    ranks one shard group apart. Data-parallel ranks fill nodes in order, so a shard group holds
+    min(shard, per_node) members per node and a node holds per_node / shard replicas of a shard."""
+    n = dp_shape.size
+    if shard >= n:
+        return dp_shape, GroupShape(size=1, per_node=1)
+    dom = dp_shape.per_domain or dp_shape.per_node
+    inner = GroupShape(size=shard, per_node=min(shard, dp_shape.per_node), per_domain=min(shard, dom),
+                       stride=dp_shape.stride)
+    reps = n // shard
+    rn = max(1, min(reps, dp_shape.per_node // shard))
+    outer = GroupShape(size=reps, per_node=rn, per_domain=max(rn, min(reps, dom // shard)),
+                       stride=dp_shape.stride * shard)
+    return inner, outer
 
 
 def _dp_group(dp_shape: GroupShape, cp: int, shapes: Mapping[str, GroupShape]) -> GroupShape:
