@@ -74,6 +74,27 @@ def test_no_request_is_lost_when_the_horizon_cuts_an_overloaded_run():
     assert m["slo_met"] is None          # no SLO given
 
 
+def test_a_run_cut_at_its_horizon_counts_the_tokens_generated_in_the_window():
+    traffic = {"arrival": "poisson", "rate": "80/s", "requests": 400, "prompt_len": 1000, "output_len": 500}
+    serving = {"engine": "vllm", "replicas": 1, "max_seqs": 16}
+    sim, m = run(make_plan({"traffic": {**traffic, "horizon": "3 s"}, "serving": serving}))
+    assert m["unfinished_requests"] > 0
+    assert m["sim_duration_s"] == pytest.approx(3.0 - min(q.arrival_s for q in sim.questions))
+    finished = sum(int(j.out[~np.isnan(j.finish_s)].sum()) for j in sim.gen_jobs)
+    in_flight = sum(int(j.gen[np.isnan(j.finish_s)].sum()) for j in sim.gen_jobs)
+    assert in_flight > 0                                     # the running batch's progress is counted
+    assert m["output_tokens_per_s"] * m["sim_duration_s"] == pytest.approx(finished + in_flight)
+    # 16 sequences a step at most: the window cannot hold more tokens than 16 per decode step
+    cost = sim.plan.pool("serve").cost
+    step = cost.decode_coeffs(16)[0]
+    assert m["output_tokens_per_s"] <= 16 / step
+    # a horizon past the last finish changes nothing
+    _, drained = run(make_plan({"traffic": traffic, "serving": serving}))
+    _, late = run(make_plan({"traffic": {**traffic, "horizon": "1 h"}, "serving": serving}))
+    assert late["output_tokens_per_s"] == drained["output_tokens_per_s"]
+    assert late["sim_duration_s"] == drained["sim_duration_s"]
+
+
 def test_every_request_completes_without_a_horizon():
     plan = make_plan({"traffic": {"arrival": "poisson", "rate": "40/s", "requests": 300, "prompt_len": 800,
                                   "output_len": {"dist": "uniform", "low": 10, "high": 400}},

@@ -462,6 +462,9 @@ class _Simulation:
         horizon = self.spec.traffic.horizon_s
         if horizon is not None:
             self.env.run(until=horizon)
+            for engines in self.engines.values():
+                for e in engines:
+                    e.sync_generated()
         else:
             self.env.run()
 
@@ -509,6 +512,13 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     out_tokens = float(np.sum(outs)) if outs else 0.0
     t0 = min((q.arrival_s for q in qs), default=0.0)
     t1 = max((q.done_s for q in done_q), default=t0)
+    horizon = spec.traffic.horizon_s
+    if horizon is not None and len(done_q) + len(rejected_q) < len(qs):
+        # stopped at the horizon with requests in flight: the rates are over the window, and the tokens
+        # those requests generated in it count (a run that drains before its horizon keeps the span of
+        # its finished requests)
+        t1 = horizon
+        out_tokens = float(sum(int(np.sum((sim.decode_jobs.get(j.jid, j) if disagg else j).gen)) for j in jobs))
     duration = max(t1 - t0, 1e-12)
     qlat = np.array([q.done_s - q.arrival_s for q in done_q])
     n_done = len(done_q)
