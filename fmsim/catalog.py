@@ -414,7 +414,7 @@ def _positive_int(v: Any) -> int:
 
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ValueError(f"{v!r} is not true or false")
+        raise ValueError(f"{v!r} is not true or false")  # noqa: TRY004 -- the reader turns it into a located ConfigError
     return v
 
 

@@ -41,14 +41,14 @@ def makespan(plan, *, overlap=True, contention=True) -> float:
 def test_layers_split_evenly_when_pp_vpp_divides():
     parts = split_layers(80, 4, 5)
     assert [len(p) for p in parts] == [4] * 20
-    assert sum(parts, []) == list(range(80))
+    assert [i for p in parts for i in p] == list(range(80))
 
 
 def test_126_layers_plus_embedding_and_loss_over_64_virtual_stages():
     parts = split_layers(126, 16, 4)
     sizes = [len(p) for p in parts]
     assert sizes[0] == 1 and sizes[-1] == 1 and set(sizes[1:-1]) == {2}
-    assert sum(parts, []) == list(range(126))
+    assert [i for p in parts for i in p] == list(range(126))
 
 
 def test_126_layers_over_128_virtual_stages_give_the_embedding_and_the_loss_a_chunk_each():
@@ -63,7 +63,7 @@ def test_126_layers_over_128_virtual_stages_give_the_embedding_and_the_loss_a_ch
 
 def test_uneven_split_keeps_every_layer_once_and_ends_lighter():
     parts = split_layers(30, 4, 1)
-    assert sum(parts, []) == list(range(30))
+    assert [i for p in parts for i in p] == list(range(30))
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) == 1 and sizes[0] <= sizes[1]
 
@@ -446,8 +446,8 @@ def test_deepep_dispatch_exposes_less_expert_traffic_than_nccl_all_to_all():
 
 
 def test_expert_gradients_reduce_across_nodes_when_expert_parallelism_fills_the_node():
-    from fmsim.parallel.strategy import _edp_group
     from fmsim.hardware.collectives import GroupShape
+    from fmsim.parallel.strategy import _edp_group
 
     # 64 ranks of one stage, 8 per node; EP8 is one node, so the 8 ranks holding the same experts sit
     # one per node, 8 ranks apart
@@ -486,13 +486,13 @@ def test_hfu_is_never_below_mfu_and_exceeds_it_exactly_when_something_is_recompu
 
 
 def test_goodput_is_one_without_checkpoints_or_failures():
-    res = fmsim.estimate(scenario(**{"checkpoint": None, "reliability": None}))
+    res = fmsim.estimate(scenario(checkpoint=None, reliability=None))
     assert res.metrics["goodput"] == 1.0
 
 
 def test_sync_checkpoints_and_failures_lengthen_time_to_train_and_async_helps():
     storage = {"kind": "fsx-lustre", "tier": "fsx-lustre-persistent-2-250", "capacity": "100 TiB"}
-    base = fmsim.estimate(scenario(**{"checkpoint": None, "reliability": None}))
+    base = fmsim.estimate(scenario(checkpoint=None, reliability=None))
     sync = fmsim.estimate(scenario(**{"cluster.storage": storage, "checkpoint": {"every": "30 min"},
                                       "reliability": None}))
     asyn = fmsim.estimate(scenario(**{"cluster.storage": storage,
@@ -622,7 +622,7 @@ def test_an_overlapped_tp_collective_hides_only_behind_its_own_gemm():
 
 
 def _tp_backward(sequence_parallel: bool, frozen: bool = False):
-    from fmsim.model.ops import PassCost, Roofline, Shard, _tp_region_comms, backward_of
+    from fmsim.model.ops import PassCost, Shard, _tp_region_comms, backward_of
 
     fwd = PassCost()
     _tp_region_comms(fwd, Shard(micro_batch=1, seq_len=4096, tp=8, sequence_parallel=sequence_parallel),
@@ -648,8 +648,8 @@ def test_async_tp_backward_hides_behind_the_gradient_gemms_and_megatron_2021_did
     base = {"parallelism.tp": 8, "parallelism.sequence_parallel": False, "parallelism.overlap.tp_comm": False}
     on = build_plan(scenario(**base))
     off = build_plan(scenario(**base, **{"parallelism.overlap.tp_backward": False}))
-    bwd = lambda plan: sum(s.bwd_comm.get("tp", 0.0) for s in plan.stages)      # noqa: E731
-    fwd = lambda plan: sum(s.fwd_comm.get("tp", 0.0) for s in plan.stages)      # noqa: E731
+    bwd = lambda plan: sum(s.bwd_comm.get("tp", 0.0) for s in plan.stages)
+    fwd = lambda plan: sum(s.fwd_comm.get("tp", 0.0) for s in plan.stages)
     assert 0.0 < bwd(on) < bwd(off)
     assert fwd(on) == pytest.approx(fwd(off))
     assert fmsim.estimate(scenario(**base)).metrics["step_time_s"] < \
@@ -836,7 +836,7 @@ def test_fp8_layers_keep_their_quantized_input_and_lora_frozen_mlp_keeps_none():
     from fmsim.model.memory import layer_activation_bytes
 
     model = fmsim.load_scenario(EXAMPLE).workload.model
-    args = dict(micro_batch=1, seq_len=4096, tp=1, cp=1, sequence_parallel=False, recompute="none")
+    args = {"micro_batch": 1, "seq_len": 4096, "tp": 1, "cp": 1, "sequence_parallel": False, "recompute": "none"}
     bf16 = layer_activation_bytes(model, 0, **args)
     fp8 = layer_activation_bytes(model, 0, **args, gemm_input_bytes=1.0)
     frozen = layer_activation_bytes(model, 0, **args, frozen_mlp=True)

@@ -19,6 +19,7 @@ Ranks are numbered node-major: rank ``r`` is accelerator ``r % A`` of node ``r /
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
@@ -253,7 +254,7 @@ class Topology:
     def path_links(self, a: int, b: int) -> list[Link]:
         """Directed links ``(u, v)`` along :meth:`path`."""
         p = self.path(a, b)
-        return list(zip(p, p[1:]))
+        return list(itertools.pairwise(p))
 
     def bottleneck_bytes_per_s(self, a: int, b: int) -> float:
         """Smallest line rate on the path from ``a`` to ``b`` (``inf`` for ``a == b``)."""

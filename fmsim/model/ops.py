@@ -24,8 +24,14 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
-from .kernels import (BYTES_PER_ELEMENT, KERNEL_FIXED_S, attention_length_efficiency, gemm_k0, gemm_k_efficiency,
-                      wave_efficiency)
+from .kernels import (
+    BYTES_PER_ELEMENT,
+    KERNEL_FIXED_S,
+    attention_length_efficiency,
+    gemm_k0,
+    gemm_k_efficiency,
+    wave_efficiency,
+)
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
 ATTENTION_BWD_FACTOR = 2.5
