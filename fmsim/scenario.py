@@ -112,6 +112,9 @@ WORKLOAD_KEYS = (
     "attention_kernel",
     "lora",
     "moe_routing",
+    "moe_imbalance",
+    "moe_capacity_factor",
+    "moe_pad_to_capacity",
 )
 LORA_KEYS = ("rank", "modules")
 LORA_MODULES = ("all", "attention")
@@ -270,10 +273,26 @@ class Workload:
     # Megatron's forced balance) | consecutive (k consecutive experts, a benchmark gate such as NeMo
     # AutoModel's FakeBalancedGate)
     moe_routing: str = "balanced"
+    # the busiest expert-parallel rank's token-expert pairs over the mean (1 = balanced, as the measured
+    # NeMo/Megatron-Bridge runs force it; a learned router's max/mean load, from its logs, otherwise)
+    moe_imbalance: float = 1.0
+    # Megatron-Core --moe-expert-capacity-factor: an expert takes at most this times its mean share and
+    # drops the rest (0 = dropless); --moe-pad-expert-input-to-capacity: every expert computes its full
+    # capacity, padded
+    moe_capacity_factor: float = 0.0
+    moe_pad_to_capacity: bool = False
 
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+    @property
+    def moe_load(self) -> float:
+        """Token-expert pairs the busiest expert-parallel rank computes, over the balanced share."""
+        cf = self.moe_capacity_factor
+        if not cf:
+            return self.moe_imbalance
+        return cf if self.moe_pad_to_capacity else min(self.moe_imbalance, cf)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -900,6 +919,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
+    moe_imbalance, capacity, pad = _moe_load(wl, model, kind)
     lora_rank, lora_modules = 0, "all"
     lo = wl.section("lora", LORA_KEYS)
     if lo is not None:
@@ -919,7 +939,30 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         moe_routing=moe_routing,
+        moe_imbalance=moe_imbalance,
+        moe_capacity_factor=capacity,
+        moe_pad_to_capacity=pad,
     ), wl
+
+
+def _moe_load(wl: _Section, model: Any, kind: str) -> tuple[float, float, bool]:
+    """``moe_imbalance``, ``moe_capacity_factor`` and ``moe_pad_to_capacity`` (training MoE models only)."""
+    keys = [k for k in ("moe_imbalance", "moe_capacity_factor", "moe_pad_to_capacity") if wl.has(k)]
+    if not keys:
+        return 1.0, 0.0, False
+    if model.moe is None:
+        raise wl.err(keys[0], f"given for {model.name}, which has no experts (expected an MoE model)")
+    if kind not in TRAINING_KINDS:
+        raise wl.err(keys[0], f"applies to training kinds only, not {kind!r} (the serving engines route as "
+                     "balanced)")
+    imbalance = wl.quantity("moe_imbalance", float_number, 1.0, minimum=1.0, inclusive=True,
+                            expected="the busiest expert-parallel rank's load over the mean, >= 1")
+    capacity = wl.quantity("moe_capacity_factor", float_number, 0.0,
+                           expected="an expert's capacity over its mean share, e.g. 1.25")
+    pad = wl.boolean("moe_pad_to_capacity", False)
+    if pad and not capacity:
+        raise wl.err("moe_pad_to_capacity", "true without moe_capacity_factor (expected a capacity to pad to)")
+    return imbalance, capacity, pad
 
 
 def _cluster(top: _Section, catalog: Catalog) -> Cluster:
@@ -1144,6 +1187,9 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 "folding)",
                 PE,
             )
+    if workload.moe_imbalance > 1.0 and ep == 1:
+        raise wl_sec.err("moe_imbalance", f"{workload.moe_imbalance:g} with ep: 1 (expected ep > 1: a rank that "
+                         "holds every expert carries the mean load)", PE)
     # Uneven layer splits are allowed (Megatron-style); every virtual stage needs one layer.
     if vpp > 1 and pp == 1:
         raise ps.err(
@@ -1572,6 +1618,11 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
     if wl.moe_routing != "balanced":
         workload["moe_routing"] = wl.moe_routing
+    if wl.moe_imbalance != 1.0:
+        workload["moe_imbalance"] = wl.moe_imbalance
+    if wl.moe_capacity_factor:
+        workload["moe_capacity_factor"] = wl.moe_capacity_factor
+        workload["moe_pad_to_capacity"] = wl.moe_pad_to_capacity
     parallelism = {
         "tp": par.tp,
         "pp": par.pp,

@@ -165,6 +165,22 @@ def test_the_shard_group_knob_runs_hybrid_sharding_as_the_api_does_and_explains_
     assert not at.error and shown(at)["Step time"] == logic.fmt_time(training_expect().metrics["step_time_s"])
 
 
+def test_the_moe_imbalance_knob_slows_an_moe_plan_as_the_api_does_and_is_refused_for_a_dense_one():
+    at = open_page("1_Training.py")
+    at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()
+    assert at.number_input(key="train.moe_imbalance").value == 1.0
+    at.number_input(key="train.moe_imbalance").set_value(1.5).run()
+    assert not at.exception and not at.error
+    mixtral = ROOT / "scenarios" / "examples" / "mixtral-8x22b-p6-b200.yaml"
+    res = fmsim.simulate(fmsim.load_scenario(mixtral, overrides={"workload.moe_imbalance": 1.5,
+                                                                 "parallelism.dp": "auto"}))
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    at.selectbox(key="train.bundled").set_value("examples/llama3-70b-p5.yaml").run()
+    at.number_input(key="train.moe_imbalance").set_value(1.5).run()
+    assert not at.exception
+    assert "workload.moe_imbalance" in texts(at.error) and "MoE models" in texts(at.info)
+
+
 def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     at = open_page("1_Training.py")
     at.select_slider(key="train.tp").set_value(1)

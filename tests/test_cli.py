@@ -459,8 +459,8 @@ def test_console_script_module_never_shows_a_traceback(tmp_path):
     assert proc.stderr.splitlines() == [
         (
             f"{bad}: workload.tp: unknown key 'tp' (known: attention_kernel, global_batch, "
-            "global_batch_tokens, kind, lora, micro_batch, model, moe_routing, precision, seq_len, "
-            "train_tokens)"
+            "global_batch_tokens, kind, lora, micro_batch, model, moe_capacity_factor, moe_imbalance, "
+            "moe_pad_to_capacity, moe_routing, precision, seq_len, train_tokens)"
         )
     ]
 

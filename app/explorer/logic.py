@@ -256,6 +256,10 @@ _HINTS_BY_FIELD = {
         "Make the global batch a multiple of dp x micro batch: change the global batch, the micro "
         "batch, or the node count (which sets dp)."
     ),
+    "workload.moe_imbalance": (
+        "MoE load settings apply to MoE models trained with ep > 1: set the imbalance back to 1, or pick an "
+        "MoE model and an expert-parallel width."
+    ),
     "workload.precision": (
         "Pick a precision the accelerator has (listed above) or an instance whose accelerator has it."
     ),

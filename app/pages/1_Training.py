@@ -30,6 +30,7 @@ PATHS = {
     "seq_len": "workload.seq_len",
     "global_batch": "workload.global_batch",
     "micro_batch": "workload.micro_batch",
+    "moe_imbalance": "workload.moe_imbalance",
     "tp": "parallelism.tp",
     "pp": "parallelism.pp",
     "vpp": "parallelism.vpp",
@@ -60,6 +61,7 @@ def knob_defaults(sc, cat) -> dict:
         "seq_len": int(sc.workload.seq_len),
         "global_batch": int(sc.workload.global_batch),
         "micro_batch": int(sc.workload.micro_batch),
+        "moe_imbalance": float(sc.workload.moe_imbalance),
         "tp": par.tp,
         "pp": par.pp,
         "vpp": par.vpp,
@@ -146,6 +148,14 @@ def draw_knobs(defaults: dict, cat) -> None:
     c1, c2 = sb.columns(2)
     c1.selectbox("Context (cp)", widgets.with_options(CP_OPTIONS, defaults["cp"]), key=f"{P}.cp")
     c2.number_input("Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    sb.number_input(
+        "MoE load imbalance",
+        min_value=1.0,
+        step=0.05,
+        key=f"{P}.moe_imbalance",
+        help="MoE models with ep > 1: the busiest expert-parallel rank's token-expert pairs over the mean "
+        "(1 = balanced routing, as published benchmarks force it). Capacity factors: the scenario file.",
+    )
     c1, c2 = sb.columns(2)
     c1.selectbox("ZeRO stage", [0, 1, 2, 3], key=f"{P}.zero")
     c2.selectbox("Recompute", ["none", "selective", "full"], key=f"{P}.recompute")

@@ -61,7 +61,8 @@ class MemoryBreakdown:
 def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, seq_len: int, tp: int,
                            cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
                            expert_tp: int | None = None, recompute_modules: tuple[str, ...] = (),
-                           gemm_input_bytes: float = 2.0, frozen_mlp: bool = False) -> float:
+                           gemm_input_bytes: float = 2.0, frozen_mlp: bool = False,
+                           moe_load: float = 1.0) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -82,6 +83,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     gradient, so its input is not kept at all: ``frozen_mlp`` drops the MLP's and the experts'
     inputs and down-projection inputs (LoRA on the attention projections only). An adapted layer's
     input is kept for its 16-bit adapters (the caller passes ``gemm_input_bytes`` 2 under LoRA).
+    ``moe_load``: the routed rows of the busiest expert-parallel rank over the balanced share.
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -112,7 +114,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
         # routed rows: each rank computes tokens·etp/tp·top_k rows of width ffn/etp (see ops.moe_mlp_forward)
         down_in = 0.0 if ("moe_act" in mods or frozen_mlp) else g * m.expert_ffn_hidden
         expert_in = 0.0 if frozen_mlp else g * h
-        routed = m.top_k * etp * (expert_in + (2.0 * up + down_in) / etp)
+        routed = m.top_k * etp * (expert_in + (2.0 * up + down_in) / etp) * moe_load
         shared = 0.0
         if m.shared_experts and "shared_experts" not in mods:
             sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
@@ -168,7 +170,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
-                    frozen_mlp: bool = False, offload_layers: int = 0) -> MemoryBreakdown:
+                    frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
@@ -191,7 +193,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     per_layer = [layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
                                         sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
                                         expert_tp=etp, recompute_modules=recompute_modules,
-                                        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp)
+                                        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp,
+                                        moe_load=moe_load)
                  for i in stage_layers]
     off = per_layer[:offload_layers]
     per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)

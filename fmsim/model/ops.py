@@ -65,6 +65,7 @@ class Shard:
     ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
+    moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
     lora_modules: str = "all"        # all | attention
 
@@ -96,6 +97,8 @@ class CommRequest:
     asynchronous: bool = False
     #: SMs the overlap takes under Transformer Engine's userbuffers (None: as any collective)
     ub_sms: int | None = None
+    #: all-to-all: the busiest rank's traffic over the mean (uneven MoE routing)
+    skew: float = 1.0
 
 
 @dataclass(slots=True)
@@ -484,10 +487,15 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     seq_shard = t if sh.sequence_parallel else 1
     _gemm(c, rf, T / seq_shard, m.experts, h)                  # router on the local tokens
     tokens_in = T * etp / t
-    rows = tokens_in * m.top_k                                   # token-expert pairs this rank computes
+    mean_rows = tokens_in * m.top_k                              # token-expert pairs of a balanced rank
+    # the busiest EP rank sets the pace (every rank meets it at the combine): its rows, uneven routing,
+    # capacity drops or padding included; the useful FLOPs stay the balanced share's
+    rows = mean_rows * sh.moe_load
     up = m.expert_ffn_hidden * (2 if model.gated else 1)
+    flops = c.flops
     _gemm(c, rf, rows, up / etp, h)
     _gemm(c, rf, rows, h, m.expert_ffn_hidden / etp)
+    c.flops = flops + (c.flops - flops) / sh.moe_load
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
         shared = c.snapshot()
@@ -505,7 +513,7 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     if etp > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
-        a2a = rows * h * rf.act_bytes                            # bytes each rank sends (nccl-tests size)
+        a2a = min(mean_rows, rows) * h * rf.act_bytes            # bytes each rank sends (nccl-tests size)
         deepep = sh.ep_dispatch == "deepep"
         if deepep and sh.ep_nodes > 1:
             # hierarchical dispatch (DeepEP, Megatron-Core's flex dispatcher): a token crosses the
@@ -521,7 +529,8 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # compute of another micro-batch's MoE block; the block's own work bounds what it hides
         hide = c.compute_s if sh.ep_overlap else 0.0
         for _ in ("dispatch", "combine"):
-            c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep))
+            c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep,
+                                       skew=max(1.0, sh.moe_load)))
     _whole_block_part(c, "moe")
     return c
 
@@ -577,7 +586,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
                 continue                                 # nothing in its place (an all-reduce's identity)
             if not behind:
                 comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide,
-                                         line_rate=r.line_rate))
+                                         line_rate=r.line_rate, skew=r.skew))
                 continue
             kind, gemm_s = behind
             if frozen_weights and kind == "regather":

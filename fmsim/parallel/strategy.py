@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..catalog import Instance
 from ..engine.order_stats import expected_max_normal
 from ..errors import ParallelismError
-from ..hardware.collectives import CollectiveCost, GroupShape, collective_time
+from ..hardware.collectives import CollectiveCost, GroupShape, all_to_all_time, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
 from ..model.kernels import BYTES_PER_ELEMENT
@@ -210,19 +210,23 @@ class CommCoster:
         # V1 table on H800 + CX7 400 Gb/s "~50 GB/s maximum": internode EP16/32/64 dispatch 43/58/51,
         # combine 43/57/50 GB/s), where NCCL's collectives reach the fabric's calibrated efficiency
         self._line_rate = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
-        self._memo: dict[tuple[str, float, GroupShape, bool], CollectiveCost] = {}
+        self._memo: dict[tuple[str, float, GroupShape, bool, float], CollectiveCost] = {}
 
-    def cost(self, op: str, size_bytes: float, shape: GroupShape, line_rate: bool = False) -> float:
+    def cost(self, op: str, size_bytes: float, shape: GroupShape, line_rate: bool = False,
+             skew: float = 1.0) -> float:
         if shape.size <= 1 or size_bytes <= 0:
             return 0.0
-        key = (op, size_bytes, shape, line_rate)
+        key = (op, size_bytes, shape, line_rate, skew)
         if key not in self._memo:
             inst = self._line_rate if line_rate else self.instance
-            self._memo[key] = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
+            if op == "all-to-all" and skew != 1.0:
+                self._memo[key] = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
+            else:
+                self._memo[key] = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
         return self._memo[key].time_s
 
     def request(self, req: CommRequest) -> float:
-        return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate)
+        return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate, req.skew)
 
 
 def _exposed(coster: CommCoster, cost: PassCost, overlap_tp: bool, tp_async: bool = True) -> dict[str, float]:
@@ -434,6 +438,7 @@ def build_plan(sc) -> Plan:
                   attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
+                  moe_load=w.moe_load,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
@@ -446,7 +451,8 @@ def build_plan(sc) -> Plan:
         for i in layers[0][:par.offload_activations]:
             act = layer_activation_bytes(model, i, micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp,
                                          sequence_parallel=shard.sequence_parallel, recompute=par.recompute,
-                                         ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp)
+                                         ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
+                                         moe_load=w.moe_load)
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
@@ -526,7 +532,7 @@ def build_plan(sc) -> Plan:
                                    recompute_modules=par.recompute_modules,
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
                                    gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
-                                   offload_layers=par.offload_activations)
+                                   offload_layers=par.offload_activations, moe_load=w.moe_load)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
