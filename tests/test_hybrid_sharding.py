@@ -64,6 +64,7 @@ def test_a_smaller_shard_group_holds_more_state_per_gpu_and_stops_fitting():
     assert mems[256] < mems[64] < mems[8] < mems[1]
     one = fmsim.simulate(scenario(dp_shard=1))                   # nothing sharded: 16 B per parameter
     assert one.memory["optimizer"] == pytest.approx(12.0 * 8.03e9, rel=0.01)
+    assert fmsim.simulate(scenario(dp_shard=8)).get("fits") and not one.get("fits")
 
 
 def test_hybrid_sharding_inside_the_node_beats_a_full_shard_over_thousands_of_ranks():
