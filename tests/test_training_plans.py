@@ -39,6 +39,11 @@ def plans(draw):
     workload = {"kind": "pretrain", "model": model, "precision": draw(st.sampled_from(["bf16", "fp8", "fp16"])),
                 "seq_len": draw(st.sampled_from([2048, 8192])), "global_batch": draw(st.sampled_from([64, 512])),
                 "micro_batch": draw(st.sampled_from([1, 2]))}
+    if moe and par["ep"] > 1 and draw(st.booleans()):
+        workload.update(moe_imbalance=draw(st.sampled_from([1.0, 1.3, 2.0])))
+        if draw(st.booleans()):
+            workload.update(moe_capacity_factor=draw(st.sampled_from([0.8, 1.25])),
+                            moe_pad_to_capacity=draw(st.booleans()))
     if draw(st.integers(0, 9)) == 0:
         workload.update(kind="finetune", lora={"rank": 16, "modules": draw(st.sampled_from(["all", "attention"]))})
     return {"version": 1, "name": "drawn", "workload": workload, "parallelism": par,
