@@ -122,7 +122,7 @@ ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 MOE_ROUTINGS = ("balanced", "consecutive")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
-CP_COMMS = ("ring", "all-gather")
+CP_COMMS = ("ring", "all-gather", "a2a")
 EP_DISPATCHES = ("alltoall", "deepep")
 PARALLELISM_KEYS = (
     "tp",
@@ -226,8 +226,10 @@ class Parallelism:
     # 16-bit gradient that a hook adds into the buffer, per micro-batch (Megatron-LM of 2020-21,
     # DeepSpeed's bf16 optimizer)
     gradient_accumulation_fusion: bool = True
-    # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023) or
-    # all-gather (gathered before attention, on the critical path: Llama 3)
+    # context parallelism's K/V exchange: ring (passed around while attention runs, Liu et al. 2023),
+    # all-gather (gathered before attention, on the critical path: Llama 3) or a2a (DeepSpeed-Ulysses,
+    # Megatron-Core --cp-comm-type a2a: all-to-alls trade the sequence split for a head split around the
+    # attention core)
     cp_comm: str = "ring"
     # MoE token dispatch: alltoall (NCCL all-to-all of every token-expert copy, Megatron-Core's
     # alltoall dispatcher) or deepep (DeepEP / HybridEP through Megatron-Core's flex dispatcher: a
@@ -1315,11 +1317,27 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         param_gather_precision=param_gather,
         offload_activations=offload,
         gradient_accumulation_fusion=ps.boolean("gradient_accumulation_fusion", True),
-        cp_comm=ps.choice("cp_comm", CP_COMMS, "ring"),
+        cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         overlap=overlap,
         order=order,
     )
+
+
+def _cp_comm(ps: _Section, model: Any, *, tp: int, cp: int) -> str:
+    """``parallelism.cp_comm``; a2a splits the heads a TP rank holds over the cp ranks, so cp must divide them."""
+    comm = ps.choice("cp_comm", CP_COMMS, "ring")
+    if comm != "a2a" or cp == 1:
+        return comm
+    if model.attention == "mla":
+        raise ps.err("cp_comm", f"a2a with {model.name}'s MLA attention (expected ring or all-gather: the "
+                     "head-split all-to-all is modelled for MHA/GQA)", ParallelismError)
+    q_heads, kv_heads = model.heads // tp, model.kv_heads_per_rank(tp)
+    if q_heads % cp or kv_heads % cp:
+        raise ps.err("cp_comm", f"a2a with cp = {cp}: a TP rank's {q_heads:g} query and {kv_heads:g} K/V heads of "
+                     f"{model.name} do not split over {cp} ranks (expected cp to divide both, or cp_comm: ring)",
+                     ParallelismError)
+    return comm
 
 
 def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:

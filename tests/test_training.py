@@ -675,6 +675,36 @@ def test_all_gather_context_parallelism_exposes_its_exchange_and_ring_hides_it()
     assert gathered.metrics["step_time_s"] > ring.metrics["step_time_s"]
 
 
+def test_ulysses_context_parallelism_trades_two_all_to_alls_for_one_attention_call_over_the_sequence():
+    from fmsim.model.kernels import attention_length_efficiency
+    from fmsim.model.ops import Roofline, Shard, attention_forward, backward_of
+    sc = scenario()
+    model, acc = sc.workload.model, sc.cluster.instance.accelerator
+    rf = Roofline.of(acc, "bf16")
+    ring = attention_forward(model, Shard(micro_batch=1, seq_len=32768, tp=4, cp=2), rf)
+    a2a = attention_forward(model, Shard(micro_batch=1, seq_len=32768, tp=4, cp=2, cp_comm="a2a"), rf)
+    T = 32768 / 2
+    dq, kv, dv = model.heads * model.head_dim / 4, 2 * model.kv_heads_per_rank(4) * model.head_dim, \
+        model.heads * model.head_dim / 4
+    cp = [(r.op, r.size_bytes, r.overlappable_s) for r in a2a.comms if r.axis == "cp"]
+    assert cp == [("all-to-all", T * (dq + kv) * 2, 0.0), ("all-to-all", T * dv * 2, 0.0)]
+    back = [(r.op, r.size_bytes) for r in backward_of(a2a).comms if r.axis == "cp"]
+    assert back == [(op, size) for op, size, _ in cp]                   # dO out, dQ/dK/dV back
+    assert a2a.flops == ring.flops                                        # the same causal work
+    ratio = attention_length_efficiency(32768 / 2) / attention_length_efficiency(32768)
+    assert a2a.attention_s == pytest.approx(ring.attention_s * ratio, rel=1e-12)   # one call over s, not s/cp
+    assert a2a.memory_s < ring.memory_s                                   # no partial outputs to merge
+
+
+def test_ulysses_needs_cp_to_split_the_heads_of_a_tp_rank():
+    with pytest.raises(ParallelismError, match="cp_comm: a2a with cp = 4: a TP rank's 8 query and 1 K/V heads"):
+        scenario(**{"parallelism.cp": 4, "parallelism.pp": 1, "parallelism.vpp": 1, "parallelism.schedule": "1f1b",
+                    "parallelism.cp_comm": "a2a", "parallelism.dp": "auto", "workload.seq_len": 32768})
+    ok = scenario(**{"parallelism.cp": 2, "parallelism.tp": 4, "parallelism.cp_comm": "a2a",
+                     "parallelism.dp": "auto", "workload.seq_len": 32768, "workload.global_batch": 64})
+    assert fmsim.estimate(ok).breakdown.get("comm_cp", 0.0) > 0.0
+
+
 @pytest.mark.parametrize("batch", [16, 64, 256])
 def test_the_fsdp_estimate_follows_the_engine_and_counts_the_last_reduce_once(batch):
     # two micro-batches per rank up to 32: the first gather and the last reduce-scatter are exposed once,

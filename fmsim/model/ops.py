@@ -59,7 +59,7 @@ class Shard:
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2 class) | unfused (materialised scores)
-    cp_comm: str = "ring"            # ring (K/V passed around, overlapped) | all-gather (gathered up front)
+    cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
     ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
@@ -349,8 +349,9 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
         c.attention_bwd_s += (av / e_seq + av / e_v + 2 * qk / e_seq) / rf.gemm_flop_per_s_bf16 \
             + scores * 19.0 / rf.hbm_bytes_per_s
     else:
-        # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys
-        keys, kernel_len = s_keys * 0.5, s_keys / sh.cp
+        # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys; the head-split
+        # all-to-all (a2a) runs one call over the whole sequence with 1/cp of the heads
+        keys, kernel_len = s_keys * 0.5, (s_keys if sh.cp_comm == "a2a" else s_keys / sh.cp)
         if windowed and model.window is not None:
             keys = model.window.keys_per_query(s_keys)
             kernel_len = min(kernel_len, model.window.size)
@@ -371,7 +372,16 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
-    if sh.cp > 1:
+    if sh.cp > 1 and sh.cp_comm == "a2a":
+        # DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509 §3): an all-to-all turns the local
+        # tokens' Q, K, V (all heads of the TP rank) into all tokens' Q, K, V for 1/cp of the heads, and
+        # one more turns the attention output back; on the critical path. The backward moves dO and then
+        # dQ, dK, dV the same ways (Megatron-Core/TE cp_comm_type a2a). nccl-tests size: what a rank
+        # sends, its own share included.
+        kv_local = 2 * model.kv_heads_per_rank(t) * model.head_dim
+        c.comms.append(CommRequest("cp", "all-to-all", T * (dqk / t + kv_local) * rf.act_bytes))
+        c.comms.append(CommRequest("cp", "all-to-all", T * dv / t * rf.act_bytes))
+    elif sh.cp > 1:
         kv_bytes = T * 2 * (model.kv_heads_per_rank(t) * model.head_dim if model.attention != "mla"
                             else (model.mla.kv_lora_rank + model.mla.qk_rope_dim) / t) * rf.act_bytes
         if sh.cp_comm == "all-gather":
