@@ -76,6 +76,7 @@ def test_hybrid_sharding_inside_the_node_beats_a_full_shard_over_thousands_of_ra
                                                       "parallelism": {**BASE["parallelism"], "dp_shard": 8}}))
     assert hsdp.get("step_time_s") < full.get("step_time_s")
     assert hsdp.breakdown["comm_dp"] < full.breakdown["comm_dp"]
+    assert "sharded data-parallel traffic: hybrid sharding" in full.details["bottleneck"]     # the advice names it
 
 
 @pytest.mark.parametrize("par, says", [
