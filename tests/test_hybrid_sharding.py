@@ -111,3 +111,14 @@ def test_the_cli_refuses_a_bad_shard_group_with_exit_code_2(tmp_path, capsys):
     assert main(["run", str(path), "--set", "parallelism.dp_shard=3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "parallelism.dp_shard: 3 does not divide dp" in err
+
+
+def test_the_gradient_bucket_sets_how_many_reduce_scatters_pay_the_rings_latency():
+    small, large = build_plan(scenario()), build_plan(scenario(grad_bucket="500M"))
+    assert len(large.dp_buckets[0]) == round(len(small.dp_buckets[0]) * 40 / 500)
+    assert sum(large.dp_buckets[0]) < sum(small.dp_buckets[0])          # fewer latencies, the same bytes
+    assert fmsim.simulate(scenario(grad_bucket="500M")).get("step_time_s") < fmsim.simulate(scenario()).get("step_time_s")
+    again = scenario_from_mapping(scenario_to_mapping(scenario(grad_bucket="500M")))
+    assert again.parallelism.grad_bucket == 500_000_000
+    with pytest.raises(fmsim.FmsimError, match="parallelism.grad_bucket: 1000 is less than 1000000"):
+        scenario(grad_bucket=1000)

@@ -49,7 +49,7 @@ OPTIMIZER_BYTES_PER_PARAM = 38.0
 FP16_UNSCALE_BYTES_PER_PARAM = 8.0
 #: Gradient bucket: 40 M parameters, Megatron-Core's minimum bucket (its default grows to 1M·dp
 #: at large data parallelism; that variant was measured and fits the validation set worse, where
-#: DeepSpeed-era ZeRO runs reduce in small chunks), used for every framework.
+#: DeepSpeed-era ZeRO runs reduce in small chunks), the default of ``parallelism.grad_bucket``.
 BUCKET_PARAMS = 40e6
 #: SMs a collective kernel occupies while it runs beside compute (see overlap_slowdown).
 COMM_SMS = 20
@@ -493,7 +493,7 @@ def build_plan(sc) -> Plan:
         for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
             if params <= 0 or shape.size <= 1 and not hybrid:
                 continue
-            nb = max(1, round(params / BUCKET_PARAMS))
+            nb = max(1, round(params / par.grad_bucket))
             t = coster.cost(reduce_op, params / nb * grad_bytes, shape)
             if hybrid:
                 # each bucket's reduced shard is then all-reduced across the replicas, on the same stream

@@ -428,8 +428,9 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
         "bubble": "pipeline bubble: more micro-batches per step, interleaving (vpp) or fewer stages",
         "comm_tp": "tensor-parallel communication: smaller tp, TP comm overlap or a larger scale-up domain",
         "comm_dp": ("exposed sharded data-parallel traffic: hybrid sharding over fewer ranks (parallelism.dp_shard), "
-                    "16-bit gradients or faster EFA") if plan.zero >= 3 else
-                   "exposed data-parallel communication: overlap grad reduce, 16-bit gradients or faster EFA",
+                    "larger gradient buckets (grad_bucket), 16-bit gradients or faster EFA") if plan.zero >= 3 else
+                   ("exposed data-parallel communication: overlap grad reduce, larger gradient buckets (grad_bucket), "
+                    "16-bit gradients or faster EFA"),
         "comm_ep": "expert all-to-all: smaller ep, EP inside the scale-up domain, or faster scale-out",
         "comm_cp": "context-parallel exchange: smaller cp or longer attention blocks to hide it",
         "comm_pp": "pipeline sends the stages wait on: the interleaved schedule with p2p overlap, fewer stages, "
