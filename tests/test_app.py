@@ -181,6 +181,24 @@ def test_the_moe_imbalance_knob_slows_an_moe_plan_as_the_api_does_and_is_refused
     assert "workload.moe_imbalance" in texts(at.error) and "MoE models" in texts(at.info)
 
 
+def test_the_cp_exchange_and_gradient_bucket_knobs_reach_the_scenario_as_the_api_takes_them():
+    at = open_page("1_Training.py")
+    assert at.selectbox(key="train.cp_comm").value == "ring" and at.selectbox(key="train.grad_bucket").value == 40e6
+    at.selectbox(key="train.grad_bucket").set_value(500_000_000).run()
+    assert not at.exception and not at.error
+    res = training_expect({"parallelism.grad_bucket": 500_000_000, "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    at.selectbox(key="train.cp").set_value(2)
+    at.selectbox(key="train.cp_comm").set_value("a2a").run()        # tp 8 leaves one K/V head a rank
+    assert not at.exception
+    assert "parallelism.cp_comm" in texts(at.error) and "divides them" in texts(at.info)
+    at.select_slider(key="train.tp").set_value(4).run()               # two K/V heads a rank: cp 2 splits them
+    assert not at.exception and not at.error
+    res = training_expect({"parallelism.grad_bucket": 500_000_000, "parallelism.tp": 4, "parallelism.cp": 2,
+                           "parallelism.cp_comm": "a2a", "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+
+
 def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     at = open_page("1_Training.py")
     at.select_slider(key="train.tp").set_value(1)

@@ -244,6 +244,9 @@ _HINTS_BY_FIELD = {
     "parallelism.vpp": "Virtual stages need pp > 1 and pp x vpp <= layers; set vpp to 1 without a pipeline.",
     "parallelism.schedule": "Use schedule 'interleaved' with vpp >= 2, and '1f1b' or 'gpipe' with vpp 1.",
     "parallelism.cp": "Pick a cp with seq_len a multiple of 2 x cp.",
+    "parallelism.cp_comm": (
+        "The a2a exchange splits a TP rank's heads over cp: pick a cp that divides them, or the ring exchange."
+    ),
     "parallelism.dp_shard": (
         "Pick a shard group that divides dp (GPUs / (tp x pp x cp)), with ZeRO 1-3 and ep 1, or 0 for "
         "all of dp."

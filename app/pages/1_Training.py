@@ -16,6 +16,7 @@ P = "train"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 CP_OPTIONS = [1, 2, 4, 8, 16, 32]
+BUCKET_OPTIONS = [10_000_000, 40_000_000, 100_000_000, 500_000_000]
 INLINE = " (inline, from the scenario)"
 FIXED = "fixed price from the scenario"
 # knob -> dotted scenario path
@@ -38,6 +39,8 @@ PATHS = {
     "ep": "parallelism.ep",
     "zero": "parallelism.zero",
     "dp_shard": "parallelism.dp_shard",
+    "grad_bucket": "parallelism.grad_bucket",
+    "cp_comm": "parallelism.cp_comm",
     "recompute": "parallelism.recompute",
     "schedule": "parallelism.schedule",
     "sequence_parallel": "parallelism.sequence_parallel",
@@ -69,6 +72,8 @@ def knob_defaults(sc, cat) -> dict:
         "ep": par.ep,
         "zero": par.zero,
         "dp_shard": par.dp_shard,
+        "grad_bucket": par.grad_bucket,
+        "cp_comm": par.cp_comm,
         "recompute": par.recompute,
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
@@ -147,7 +152,22 @@ def draw_knobs(defaults: dict, cat) -> None:
     )
     c1, c2 = sb.columns(2)
     c1.selectbox("Context (cp)", widgets.with_options(CP_OPTIONS, defaults["cp"]), key=f"{P}.cp")
-    c2.number_input("Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    c2.selectbox(
+        "CP exchange",
+        ["ring", "all-gather", "a2a"],
+        key=f"{P}.cp_comm",
+        help="ring: K/V passed around behind attention; all-gather: gathered first (Llama 3); "
+        "a2a: Ulysses head split (cp must divide a TP rank's heads).",
+    )
+    c1, c2 = sb.columns(2)
+    c1.number_input("Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    c2.selectbox(
+        "Grad bucket",
+        widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
+        key=f"{P}.grad_bucket",
+        format_func=lambda n: f"{n / 1e6:g}M",
+        help="Parameters per gradient bucket: one reduce-scatter (or all-reduce) each, with its own latency.",
+    )
     sb.number_input(
         "MoE load imbalance",
         min_value=1.0,
