@@ -124,6 +124,10 @@ GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather", "a2a")
 EP_DISPATCHES = ("alltoall", "deepep")
+#: Parameters per gradient bucket unless ``parallelism.grad_bucket`` says otherwise: Megatron-Core's minimum
+#: --ddp-bucket-size (its default grows to 1M x dp at large data parallelism; that variant fits the
+#: validation set worse, where DeepSpeed-era ZeRO runs reduce in small chunks), taken for every framework.
+DEFAULT_GRAD_BUCKET = 40_000_000
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -213,7 +217,7 @@ class Parallelism:
     dp_shard: int = 0
     # parameters per gradient bucket: each bucket is one reduce-scatter / all-reduce with its own latency
     # (Megatron-Core --ddp-bucket-size, whose minimum is 40M; DeepSpeed reduce_bucket_size, 500M by default)
-    grad_bucket: int = 40_000_000
+    grad_bucket: int = DEFAULT_GRAD_BUCKET
     # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
     # Megatron-Bridge's performance recipes set it); fp16 runs keep fp16 gradients unless told
@@ -1316,7 +1320,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         recompute_modules=modules,
         zero=zero,
         dp_shard=_dp_shard(ps, dp=dp, zero=zero, ep=ep),
-        grad_bucket=ps.integer("grad_bucket", 40_000_000, minimum=1_000_000, counts=True,
+        grad_bucket=ps.integer("grad_bucket", DEFAULT_GRAD_BUCKET, minimum=1_000_000, counts=True,
                                hint="parameters per gradient bucket, e.g. 40M"),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
@@ -1660,7 +1664,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
         **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
-        **({"grad_bucket": par.grad_bucket} if par.grad_bucket != 40_000_000 else {}),
+        **({"grad_bucket": par.grad_bucket} if par.grad_bucket != DEFAULT_GRAD_BUCKET else {}),
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),

@@ -8,7 +8,7 @@ import pytest
 import fmsim
 from fmsim.errors import ParallelismError
 from fmsim.hardware.collectives import GroupShape, collective_time
-from fmsim.parallel.strategy import BUCKET_PARAMS, _hybrid_groups, _local_trainable, build_plan
+from fmsim.parallel.strategy import _hybrid_groups, _local_trainable, build_plan
 from fmsim.scenario import scenario_from_mapping, scenario_to_mapping
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_gathers_run_over_the_shard_group_and_each_bucket_adds_an_all_reduce_acr
     inst, w = sc.cluster.instance, sc.workload
     dense, expert = _local_trainable(w.model, w, list(range(w.model.layers)), True, True, pp=1, tp=1, ep=1, etp=1)
     nb = len(plan.dp_buckets[0])
-    assert nb == len(full.dp_buckets[0]) == round((dense + expert) / BUCKET_PARAMS)
+    assert nb == len(full.dp_buckets[0]) == round((dense + expert) / sc.parallelism.grad_bucket)
     bucket_bytes = (dense + expert) / nb * 4.0                   # fp32 gradients (bf16 run, Megatron's default)
     shard, reps = GroupShape(size=32, per_node=8), GroupShape(size=8, per_node=1, stride=32)
     rs = collective_time("reduce-scatter", bucket_bytes, inst, shard).time_s

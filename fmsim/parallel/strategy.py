@@ -47,10 +47,6 @@ from ..model.ops import (
 OPTIMIZER_BYTES_PER_PARAM = 38.0
 #: fp16 runs unscale the main grads first (multi_tensor_scale with the inf check: read and write 4 B).
 FP16_UNSCALE_BYTES_PER_PARAM = 8.0
-#: Gradient bucket: 40 M parameters, Megatron-Core's minimum bucket (its default grows to 1M·dp
-#: at large data parallelism; that variant was measured and fits the validation set worse, where
-#: DeepSpeed-era ZeRO runs reduce in small chunks), the default of ``parallelism.grad_bucket``.
-BUCKET_PARAMS = 40e6
 #: SMs a collective kernel occupies while it runs beside compute (see overlap_slowdown).
 COMM_SMS = 20
 
