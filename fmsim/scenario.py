@@ -216,7 +216,8 @@ class Parallelism:
     # the dp / dp_shard groups keep replicas, their gradients all-reduced shard by shard. 0 = all of dp
     dp_shard: int = 0
     # parameters per gradient bucket: each bucket is one reduce-scatter / all-reduce with its own latency
-    # (Megatron-Core --ddp-bucket-size, whose minimum is 40M; DeepSpeed reduce_bucket_size, 500M by default)
+    # (Megatron-Core --ddp-bucket-size, whose minimum is 40M; DeepSpeed reduce_bucket_size, 500M by default);
+    # 0 = one bucket per layer ("unit": PyTorch FSDP reduce-scatters each wrapped block's gradients at once)
     grad_bucket: int = DEFAULT_GRAD_BUCKET
     # data-parallel gradient buffers and their reduction: fp32 (Megatron-LM's default for bf16, its
     # --accumulate-allreduce-grads-in-fp32) or bf16 (grad_reduce_in_fp32=False, as NeMo's and
@@ -1320,8 +1321,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         recompute_modules=modules,
         zero=zero,
         dp_shard=_dp_shard(ps, dp=dp, zero=zero, ep=ep),
-        grad_bucket=ps.integer("grad_bucket", DEFAULT_GRAD_BUCKET, minimum=1_000_000, counts=True,
-                               hint="parameters per gradient bucket, e.g. 40M"),
+        grad_bucket=_grad_bucket(ps),
         grad_reduce_precision=ps.choice("grad_reduce_precision", GRAD_REDUCE_PRECISIONS,
                                         default_grad_reduce_precision(workload.precision)),
         param_gather_precision=param_gather,
@@ -1348,6 +1348,17 @@ def _cp_comm(ps: _Section, model: Any, *, tp: int, cp: int) -> str:
                      f"{model.name} do not split over {cp} ranks (expected cp to divide both, or cp_comm: ring)",
                      ParallelismError)
     return comm
+
+
+def _grad_bucket(ps: _Section) -> int:
+    """``parallelism.grad_bucket``: parameters per gradient bucket (>= 1M), or ``unit`` (0: one per layer)."""
+    raw = ps.raw("grad_bucket", DEFAULT_GRAD_BUCKET)
+    if raw == "unit":
+        return 0
+    try:
+        return ps.integer("grad_bucket", DEFAULT_GRAD_BUCKET, minimum=1_000_000, counts=True)
+    except ConfigError as exc:
+        raise ps.err("grad_bucket", f"{exc.message}; or unit, one bucket per layer") from None
 
 
 def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:
@@ -1664,7 +1675,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
         **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
-        **({"grad_bucket": par.grad_bucket} if par.grad_bucket != DEFAULT_GRAD_BUCKET else {}),
+        **({"grad_bucket": par.grad_bucket or "unit"} if par.grad_bucket != DEFAULT_GRAD_BUCKET else {}),
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),

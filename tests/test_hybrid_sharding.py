@@ -120,5 +120,20 @@ def test_the_gradient_bucket_sets_how_many_reduce_scatters_pay_the_rings_latency
     assert fmsim.simulate(scenario(grad_bucket="500M")).get("step_time_s") < fmsim.simulate(scenario()).get("step_time_s")
     again = scenario_from_mapping(scenario_to_mapping(scenario(grad_bucket="500M")))
     assert again.parallelism.grad_bucket == 500_000_000
-    with pytest.raises(fmsim.FmsimError, match="parallelism.grad_bucket: 1000 is less than 1000000"):
+    with pytest.raises(fmsim.FmsimError, match="parallelism.grad_bucket: 1000 is less than 1000000.*or unit"):
         scenario(grad_bucket=1000)
+
+
+def test_a_bucket_per_layer_reduces_each_unit_as_pytorch_fsdp_does():
+    sc = scenario(grad_bucket="unit")
+    plan, inst, w = build_plan(sc), sc.cluster.instance, sc.workload
+    layers = w.model.layers
+    assert len(plan.dp_buckets[0]) == layers + 1                          # every block, then embedding + head
+    layer, _ = _local_trainable(w.model, w, [0], False, False, pp=1, tp=1, ep=1, etp=1)
+    rs = collective_time("reduce-scatter", layer * 4.0, inst, GroupShape(size=256, per_node=8)).time_s
+    assert plan.dp_buckets[0][0] == pytest.approx(rs, rel=1e-9)
+    assert sum(plan.dp_buckets[0]) < sum(build_plan(scenario()).dp_buckets[0])     # 33 latencies, not 201
+    again = scenario_from_mapping(scenario_to_mapping(sc))
+    assert again.parallelism.grad_bucket == 0 and scenario_to_mapping(sc)["parallelism"]["grad_bucket"] == "unit"
+    with pytest.raises(fmsim.FmsimError, match="cannot read 'layers' as a count; or unit"):
+        scenario(grad_bucket="layers")

@@ -37,7 +37,7 @@ def plans(draw):
            "overlap": {k: draw(st.booleans()) for k in ("grad_reduce", "param_gather", "tp_comm", "pp_comm")},
            "dp_shard": draw(st.sampled_from(["auto", "auto", 1, 2, 8])),
            "cp_comm": draw(st.sampled_from(["ring", "all-gather", "a2a"])),
-           "grad_bucket": draw(st.sampled_from(["40M", "40M", "500M"]))}
+           "grad_bucket": draw(st.sampled_from(["40M", "40M", "500M", "unit"]))}
     workload = {"kind": "pretrain", "model": model, "precision": draw(st.sampled_from(["bf16", "fp8", "fp16"])),
                 "seq_len": draw(st.sampled_from([2048, 8192])), "global_batch": draw(st.sampled_from([64, 512])),
                 "micro_batch": draw(st.sampled_from([1, 2]))}

@@ -16,7 +16,7 @@ P = "train"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 CP_OPTIONS = [1, 2, 4, 8, 16, 32]
-BUCKET_OPTIONS = [10_000_000, 40_000_000, 100_000_000, 500_000_000]
+BUCKET_OPTIONS = [0, 10_000_000, 40_000_000, 100_000_000, 500_000_000]   # 0: one per layer
 INLINE = " (inline, from the scenario)"
 FIXED = "fixed price from the scenario"
 # knob -> dotted scenario path
@@ -165,8 +165,9 @@ def draw_knobs(defaults: dict, cat) -> None:
         "Grad bucket",
         widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
         key=f"{P}.grad_bucket",
-        format_func=lambda n: f"{n / 1e6:g}M",
-        help="Parameters per gradient bucket: one reduce-scatter (or all-reduce) each, with its own latency.",
+        format_func=lambda n: f"{n / 1e6:g}M" if n else "per layer",
+        help="Parameters per gradient bucket: one reduce-scatter (or all-reduce) each, with its own latency; "
+        "per layer as PyTorch FSDP reduces each wrapped block.",
     )
     sb.number_input(
         "MoE load imbalance",

@@ -485,17 +485,27 @@ def build_plan(sc) -> Plan:
                                                      etp=etp)
         if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
             local_dense, local_expert = local_dense + local_expert, 0.0
+        # the gradient buckets: grad_bucket parameters each, or one per layer (and one for the embedding and
+        # head) with grad_bucket 0, as PyTorch FSDP reduces each wrapped block's gradients in one collective
+        if par.grad_bucket:
+            per_group = [(local_dense, dense_group, max(1, round(local_dense / par.grad_bucket))),
+                         (local_expert, expert_group, max(1, round(local_expert / par.grad_bucket)))]
+            pieces = [(params / nb, shape) for params, shape, nb in per_group for _ in range(nb)]
+        else:
+            pieces = [(params, shape) for dense, expert in _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp,
+                                                                        tp=tp, ep=ep, etp=etp)
+                      for params, shape in (((dense + expert, dense_group),) if hybrid else
+                                            ((dense, dense_group), (expert, expert_group)))]
         times = []
-        for params, shape in ((local_dense, dense_group), (local_expert, expert_group)):
+        for params, shape in pieces:
             if params <= 0 or shape.size <= 1 and not hybrid:
                 continue
-            nb = max(1, round(params / par.grad_bucket))
-            t = coster.cost(reduce_op, params / nb * grad_bytes, shape)
+            t = coster.cost(reduce_op, params * grad_bytes, shape)
             if hybrid:
                 # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
                 # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
-                t += coster.cost("all-reduce", params / nb * grad_bytes / shape.size, replicas)
-            times += [t] * nb
+                t += coster.cost("all-reduce", params * grad_bytes / shape.size, replicas)
+            times.append(t)
         buckets.append(tuple(times))
         g = 0.0
         if par.zero >= 1:
