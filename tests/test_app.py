@@ -184,6 +184,10 @@ def test_the_moe_imbalance_knob_slows_an_moe_plan_as_the_api_does_and_is_refused
 def test_the_cp_exchange_and_gradient_bucket_knobs_reach_the_scenario_as_the_api_takes_them():
     at = open_page("1_Training.py")
     assert at.selectbox(key="train.cp_comm").value == "ring" and at.selectbox(key="train.grad_bucket").value == 40e6
+    at.selectbox(key="train.grad_bucket").set_value(0).run()                 # per layer
+    assert not at.exception and not at.error
+    per_layer = training_expect({"parallelism.grad_bucket": "unit", "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(per_layer.metrics["step_time_s"])
     at.selectbox(key="train.grad_bucket").set_value(500_000_000).run()
     assert not at.exception and not at.error
     res = training_expect({"parallelism.grad_bucket": 500_000_000, "parallelism.dp": "auto"})

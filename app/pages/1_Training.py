@@ -98,7 +98,8 @@ def overrides_from(defaults: dict) -> tuple:
             continue
         if knob in ("model", "pricing") and (str(v).endswith(INLINE) or v == FIXED):
             continue
-        out[path] = "auto" if knob == "dp_shard" and not v else v
+        # 0 in the knobs is the scenario's auto shard group and per-layer ("unit") bucket
+        out[path] = {"dp_shard": "auto", "grad_bucket": "unit"}.get(knob, v) if v == 0 else v
     if out:
         out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
     return logic.as_overrides(out)

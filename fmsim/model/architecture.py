@@ -69,6 +69,23 @@ class MoESpec:
         return self.router_group_topk or self.router_groups
 
 
+def causal_pairs(chunk: int, past: int) -> float:
+    """(query, key) pairs a causal chunk computes: each new token attends to ``past`` + its prefix."""
+    return chunk * past + chunk * (chunk + 1) / 2.0
+
+
+def window_pairs(chunk: int, past: int, window: int) -> float:
+    """(query, key) pairs of a causal chunk under a sliding window: the token at position j
+    (1-based) attends to min(j, window) keys, for j = past + 1 .. past + chunk."""
+    w, end = float(window), float(past + chunk)
+    if end <= w:
+        return causal_pairs(chunk, past)
+    if past >= w:
+        return chunk * w
+    return (w * (w + 1) - past * (past + 1)) / 2.0 + (end - w) * w
+
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionWindow:
     """Local attention on some layers: a query sees at most ``size`` keys.
@@ -90,9 +107,7 @@ class AttentionWindow:
         if self.kind == "chunked":
             full, rest = divmod(s, w)
             return (full * w * (w + 1) / 2 + rest * (rest + 1) / 2) / s
-        if s <= w:
-            return (s + 1) / 2
-        return (w * (w + 1) / 2 + (s - w) * w) / s
+        return window_pairs(s, 0, w) / s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

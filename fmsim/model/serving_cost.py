@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
+from .architecture import causal_pairs, window_pairs
 from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency, wave_efficiency
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
@@ -499,22 +500,6 @@ def windowed_tokens(full: Any, local: Any, share: float, keep: float) -> Any:
     """Tokens as a model with local-attention layers counts them: ``full`` on its full-attention
     layers, ``local`` capped at ``keep`` on its ``share`` of local ones (scalars or arrays)."""
     return (1.0 - share) * np.asarray(full, dtype=float) + share * np.minimum(local, keep)
-
-
-def causal_pairs(chunk: int, past: int) -> float:
-    """(query, key) pairs a causal chunk computes: each new token attends to ``past`` + its prefix."""
-    return chunk * past + chunk * (chunk + 1) / 2.0
-
-
-def window_pairs(chunk: int, past: int, window: int) -> float:
-    """(query, key) pairs of a causal chunk under a sliding window: the token at position j
-    (1-based) attends to min(j, window) keys, for j = past + 1 .. past + chunk."""
-    w, end = float(window), float(past + chunk)
-    if end <= w:
-        return causal_pairs(chunk, past)
-    if past >= w:
-        return chunk * w
-    return (w * (w + 1) - past * (past + 1)) / 2.0 + (end - w) * w
 
 
 def kv_stream_tokens(chunk: int, past: int) -> float:

@@ -478,44 +478,42 @@ def build_plan(sc) -> Plan:
     buckets, gathers, opt, mem = [], [], [], []
     dense_group, expert_group = _dp_group(dp_shape, cp, shapes), _edp_group(shapes, edp, ep, etp)
     reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
+
+    def bucket_s(params: float, shape: GroupShape) -> float:
+        t = coster.cost(reduce_op, params * grad_bytes, shape)
+        if hybrid:
+            # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
+            # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
+            t += coster.cost("all-reduce", params * grad_bytes / shape.size, replicas)
+        return t
+
     for s in range(pp):
         mine = [i for c in range(vpp) for i in layers[c * pp + s]]
         # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
         local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
                                                      etp=etp)
+        # ZeRO-3/FSDP's units (and grad_bucket 0's buckets): one per transformer layer, plus the embedding and head
+        units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
+            if par.zero >= 3 or not par.grad_bucket else []
         if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
             local_dense, local_expert = local_dense + local_expert, 0.0
-        # the gradient buckets: grad_bucket parameters each, or one per layer (and one for the embedding and
-        # head) with grad_bucket 0, as PyTorch FSDP reduces each wrapped block's gradients in one collective
-        if par.grad_bucket:
-            per_group = [(local_dense, dense_group, max(1, round(local_dense / par.grad_bucket))),
-                         (local_expert, expert_group, max(1, round(local_expert / par.grad_bucket)))]
-            pieces = [(params / nb, shape) for params, shape, nb in per_group for _ in range(nb)]
-        else:
-            pieces = [(params, shape) for dense, expert in _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp,
-                                                                        tp=tp, ep=ep, etp=etp)
-                      for params, shape in (((dense + expert, dense_group),) if hybrid else
-                                            ((dense, dense_group), (expert, expert_group)))]
-        times = []
-        for params, shape in pieces:
-            if params <= 0 or shape.size <= 1 and not hybrid:
-                continue
-            t = coster.cost(reduce_op, params * grad_bytes, shape)
-            if hybrid:
-                # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
-                # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
-                t += coster.cost("all-reduce", params * grad_bytes / shape.size, replicas)
-            times.append(t)
+            units = [(dense + expert, 0.0) for dense, expert in units]
+
+        # the gradient buckets: grad_bucket parameters each, or one per unit with grad_bucket 0, as PyTorch
+        # FSDP reduces each wrapped block's gradients in one collective
+        times: list[float] = []
+        for dense, expert in (units if not par.grad_bucket else [(local_dense, local_expert)]):
+            for params, shape in ((dense, dense_group), (expert, expert_group)):
+                if params <= 0 or shape.size <= 1 and not hybrid:
+                    continue
+                nb = max(1, round(params / par.grad_bucket)) if par.grad_bucket else 1
+                times += [bucket_s(params / nb, shape)] * nb
         buckets.append(tuple(times))
         g = 0.0
         if par.zero >= 1:
             # ZeRO-1/2 gathers the updated weights once a step, one collective of the stage's share;
             # ZeRO-3/FSDP gathers them unit by unit ahead of their use, each unit its own collective
-            units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
-                if par.zero >= 3 else ((local_dense, local_expert),)
-            for dense, expert in units:
-                if hybrid:
-                    dense, expert = dense + expert, 0.0
+            for dense, expert in (units if par.zero >= 3 else [(local_dense, local_expert)]):
                 for params, shape in ((dense, dense_group), (expert, expert_group)):
                     if params > 0 and shape.size > 1:
                         g += coster.cost("all-gather", params * weight_bytes, shape)

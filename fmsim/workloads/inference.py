@@ -512,8 +512,9 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     out_tokens = float(np.sum(outs)) if outs else 0.0
     t0 = min((q.arrival_s for q in qs), default=0.0)
     t1 = max((q.done_s for q in done_q), default=t0)
+    unfinished = len(qs) - len(done_q) - len(rejected_q)
     horizon = spec.traffic.horizon_s
-    if horizon is not None and len(done_q) + len(rejected_q) < len(qs):
+    if horizon is not None and unfinished:
         # stopped at the horizon with requests in flight: the rates are over the window, and the tokens
         # those requests generated in it count (a run that drains before its horizon keeps the span of
         # its finished requests)
@@ -576,7 +577,7 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     m["decode_batch_mean"] = float(np.mean(batch)) if batch else math.nan
     m["preemptions"] = preempt
     m["rejected_requests"] = len(rejected_q)
-    m["unfinished_requests"] = len(qs) - n_done - len(rejected_q)
+    m["unfinished_requests"] = unfinished
     m["not_issued_requests"] = max(0, sim.n_questions - len(qs)) if spec.traffic.arrival != "closed-loop" else 0
     m["engine_iterations"] = iters
     m["replicas"] = sum(p.replicas for p in plan.pools if p.role in ("serve", "decode"))
