@@ -17,6 +17,8 @@ TRAINING_COLUMNS = (
     "usd_per_step", "time_to_train_s", "gpu_hours", "cost_usd",
     # added after v1's first list (appended, never renamed)
     "bottleneck", "pricing_option", "goodput", "checkpoint_write_s",
+    # the rest of the plan, so a spreadsheet row says which plan it prices (2026-11-30)
+    "vpp", "zero", "dp_shard", "micro_batch", "global_batch", "num_microbatches", "precision", "recompute",
 )
 
 INFERENCE_COLUMNS = (

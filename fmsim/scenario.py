@@ -414,6 +414,15 @@ _NOT_METRICS = (
     "bottleneck",
     "pricing_option",
     "usd_per_hour",
+    # the plan's own settings, echoed so a CSV row names its plan
+    "vpp",
+    "zero",
+    "dp_shard",
+    "micro_batch",
+    "global_batch",
+    "num_microbatches",
+    "precision",
+    "recompute",
 )
 for _col in TRAINING_COLUMNS + INFERENCE_COLUMNS:
     if _col.endswith("_s") and not _col.endswith("_per_s"):

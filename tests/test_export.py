@@ -165,3 +165,24 @@ def test_json_holds_everything_and_is_strict(tmp_path):
 def test_dash_writes_to_stdout(capsys):
     write_csv([training_result()], "-")
     assert capsys.readouterr().out.splitlines()[0] == GOLDEN.read_text().strip()
+
+
+def test_a_training_row_names_the_plan_it_prices(tmp_path):
+    """The plan's own settings ride in the row: a budgeting sheet comparing plans can tell them apart."""
+    from fmsim.api import simulate
+    from fmsim.scenario import load_scenario
+
+    examples = Path(__file__).parent.parent / "scenarios" / "examples"
+    hsdp = simulate(load_scenario(examples / "llama3-70b-hsdp-p5.yaml"))
+    out = tmp_path / "plans.csv"
+    write_csv([hsdp], out)
+    header, row = read_csv(out)
+    cell = dict(zip(header, row))
+    assert (cell["zero"], cell["dp_shard"], cell["precision"], cell["recompute"]) == ("3", "64", "bf16", "full")
+    assert int(cell["num_microbatches"]) * int(cell["micro_batch"]) * int(cell["dp"]) == int(cell["global_batch"])
+    # without ZeRO there is no shard group to name
+    plain = simulate(load_scenario(examples / "llama3-70b-hsdp-p5.yaml",
+                                   overrides={"parallelism.zero": 0, "parallelism.dp_shard": "auto"}))
+    write_csv([plain], out)
+    header, row = read_csv(out)
+    assert dict(zip(header, row))["dp_shard"] == ""
