@@ -503,7 +503,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         "usd_per_step": usd_per_step, "time_to_train_s": time_to_train, "gpu_hours": gpu_hours,
         "cost_usd": cost, "bottleneck": bname, "pricing_option": price.option,
         "goodput": good.goodput, "checkpoint_write_s": good.checkpoint_write_s,
-        "vpp": plan.vpp, "zero": plan.zero, "dp_shard": (sc.parallelism.dp_shard or plan.dp) if plan.zero else None,
+        "vpp": plan.vpp, "zero": plan.zero, "dp_shard": sc.parallelism.shard_width if plan.zero else None,
         "micro_batch": plan.micro_batch, "global_batch": plan.global_batch,
         "num_microbatches": plan.num_microbatches, "precision": plan.precision, "recompute": plan.recompute,
     }
