@@ -483,3 +483,31 @@ def test_a100_gemm_efficiency_re_derives_from_korthikanti_table4():
     best = min(grid, key=rms)
     assert best == pytest.approx(cat.accelerator("a100-80gb").gemm_efficiency["bf16"], abs=1e-9)
     assert rms(best) < 0.015
+
+
+def test_neuronlink_v2_latency_and_efficiency_re_derive_from_the_recorded_nccom_test_runs():
+    """NeuronLink-v2's per-hop latency is the 32-rank trn1 all-gather's small-size floor over its 31 ring hops; its
+    efficiency is the 2-rank all-reduce of 1 GiB read back through the ring formula, against one NeuronCore's share of
+    its chip's links (AWS's nccom-test user guide, hardware_catalog/measurements/trn1_nccom_test.csv)."""
+    import csv
+    import statistics
+
+    from fmsim.catalog import per_core
+    from fmsim.hardware.collectives import GroupShape, collective_time
+
+    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "trn1_nccom_test.csv"
+    rows = [r for r in csv.DictReader(line for line in path.open() if not line.startswith("#"))]
+    core = per_core(CAT.instance("trn1.32xlarge"))
+    su = core.scale_up
+    floor = [float(r["time_us"]) * 1e-6 for r in rows
+             if r["op"] == "all-gather" and r["ranks"] == "32" and int(r["size_bytes"]) <= 65536]
+    assert len(floor) == 3
+    assert statistics.median(floor) / 31 == pytest.approx(su.latency_s, abs=0.1e-6)
+    big = next(r for r in rows if r["op"] == "all-reduce" and r["ranks"] == "2" and r["size_bytes"] == "1073741824")
+    size, t = float(big["size_bytes"]), float(big["time_us"]) * 1e-6
+    assert size / ((t - 2 * su.latency_s) * su.bytes_per_s) == pytest.approx(su.efficiency, abs=0.005)
+    # and the model's own ring reproduces both within 5 %
+    ring = collective_time("all-reduce", size, core, GroupShape(size=2, per_node=2), algo="ring").time_s
+    assert ring == pytest.approx(t, rel=0.05)
+    gather = collective_time("all-gather", 1024, core, GroupShape(size=32, per_node=32), algo="ring").time_s
+    assert gather == pytest.approx(statistics.median(floor), rel=0.05)
