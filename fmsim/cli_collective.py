@@ -13,6 +13,7 @@ over all accelerators of N nodes, so users can hold it against their own nccl-te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, TextIO
@@ -41,6 +42,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--per-node", default=None, dest="per_node",
                    help="group members per node [all accelerators]; "
                         "1 = one GPU per node (nccl-tests split 0x7)")
+    p.add_argument("--sharp", action="store_true",
+                   help="the InfiniBand switches reduce (NVIDIA SHARP: in-network all-reduce, reduce-scatter "
+                        "and all-gather between nodes); InfiniBand instances only")
     p.add_argument("--sweep", action="store_true", help="table over sizes 8 B .. 16 GiB (x2 steps)")
     p.add_argument("--json", action="store_true", help="print JSON (a list of objects with --sweep)")
     p.set_defaults(func=run)
@@ -70,6 +74,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         from .catalog import suggest
         raise ConfigError(f"unknown collective {op!r}{suggest(op, OPS)}", field="op")
     inst = load_catalog().instance(str(args.instance))
+    if getattr(args, "sharp", False):
+        if inst.fabric.kind != "infiniband":
+            raise ConfigError(f"needs InfiniBand switches that reduce (NVIDIA SHARP); {inst.name}'s {inst.fabric.name} "
+                              f"is {inst.fabric.kind}", field="sharp")
+        inst = dataclasses.replace(inst, fabric=dataclasses.replace(inst.fabric, in_network_reduction=True))
     nodes = _positive_int(args.nodes, "nodes")
     acc = inst.num_accelerators
     raw_per_node = getattr(args, "per_node", None)
@@ -91,8 +100,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         json.dump(rows if args.sweep else rows[0], out, indent=None if args.sweep else 2)
         out.write("\n")
         return 0
+    sharp = ", SHARP" if inst.fabric.in_network_reduction else ""
     head = (f"{op} over {nodes} x {inst.name}: {shape.size} ranks, {per_node} per node "
-            f"({inst.fabric.name}, {inst.scale_up.kind} domain of {inst.scale_up.domain_size})")
+            f"({inst.fabric.name}{sharp}, {inst.scale_up.kind} domain of {inst.scale_up.domain_size})")
     if args.sweep:
         out.write(f"# {head}\n")
         out.write(f"# {'size (B)':>12} {'time (us)':>11} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13}"

@@ -155,7 +155,7 @@ OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "ep_com
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
-NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription")
+NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription", "in_network_reduction")
 STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity")
 CHECKPOINT_KEYS = ("every", "async")
 RELIABILITY_KEYS = ("node_mtbf", "restart")
@@ -1023,6 +1023,15 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
                     "nic_bandwidth", parse_rate, expected="a rate like '100 Gbps' or '50 GB/s'"
                 ),
             )
+        if net.has("in_network_reduction"):
+            # SHARP: the InfiniBand switches reduce (all-reduce, and with NCCL >= 2.20 reduce-scatter and
+            # all-gather); the catalog fabrics leave it off, since NCCL uses it only with the SHARP plugin
+            sharp = net.boolean("in_network_reduction")
+            if sharp and inst.fabric.kind != "infiniband":
+                raise net.err("in_network_reduction",
+                              f"true needs InfiniBand switches that reduce (NVIDIA SHARP); {inst.fabric.name} is "
+                              f"{inst.fabric.kind} (expected false, or network.fabric: infiniband)")
+            inst = dataclasses.replace(inst, fabric=dataclasses.replace(inst.fabric, in_network_reduction=sharp))
         oversubscription = net.quantity(
             "oversubscription",
             float_number,
@@ -1715,6 +1724,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             "nics_per_node": cl.instance.num_nics,
             "nic_bandwidth": cl.instance.nic_bytes_per_s,
         }
+    if cl.instance.fabric.in_network_reduction != cat.fabric(cl.instance.fabric.name).in_network_reduction:
+        network["in_network_reduction"] = cl.instance.fabric.in_network_reduction
     if cl.oversubscription != 1.0:
         network["oversubscription"] = cl.oversubscription
     if network:

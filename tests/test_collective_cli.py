@@ -66,6 +66,17 @@ def test_algorithm_and_members_per_node_can_be_chosen():
     assert obj["busbw_bytes_per_s"] < 50e9
 
 
+def test_sharp_makes_a_long_reduce_scatter_latency_free_of_the_node_count():
+    """448 ranks, two per DGX H100: the ring pays a hop per member, SHARP two fabric latencies."""
+    args = ("reduce-scatter", "--instance", "dgx-h100", "--per-node", "2", "--size", "8", "--json")
+    ring = [json.loads(call(*args, "--nodes", n))["time_s"] for n in ("16", "224")]
+    sharp = [json.loads(call(*args, "--nodes", n, "--sharp")) for n in ("16", "224")]
+    assert ring[1] > 10 * ring[0]
+    assert sharp[0]["algorithm"] == sharp[1]["algorithm"] == "collnet"
+    assert sharp[1]["time_s"] == pytest.approx(sharp[0]["time_s"], rel=1e-6) and sharp[1]["time_s"] < ring[0]
+    assert "SHARP" in call("reduce-scatter", "--instance", "dgx-h100", "--nodes", "2", "--sharp")
+
+
 @pytest.mark.parametrize("argv,field", [
     (("allreduce", "--instance", "p5.48xlarge"), "op"),
     (("all-reduce", "--instance", "p5.48xlarge", "--nodes", "two"), "nodes"),
@@ -75,6 +86,7 @@ def test_algorithm_and_members_per_node_can_be_chosen():
     (("all-gather", "--instance", "p5.48xlarge", "--algo", "tree"), "algo"),
     (("all-reduce", "--instance", "p5.48xlarge", "--per-node", "3"), "per-node"),
     (("all-reduce", "--instance", "p9.mega"), None),
+    (("reduce-scatter", "--instance", "p5.48xlarge", "--nodes", "2", "--sharp"), "sharp"),
 ])
 def test_bad_input_is_a_config_error(argv, field):
     with pytest.raises(ConfigError) as err:

@@ -384,3 +384,29 @@ def test_fabrics_yaml_has_every_required_entry_with_known_keys_and_a_source(cata
         assert catalog.fabric(name).ring_fraction == body.get("ring_efficiency", body["efficiency"])
     for name, body in raw["links"].items():
         assert set(body) <= link_keys and len(str(body["source"])) > 40, name
+
+
+def test_in_network_reduce_scatter_with_one_member_per_node_is_two_fabric_latencies_plus_the_shard_stream():
+    """CollNet (SHARP) reduce-scatter, one member per node: the member streams its whole buffer up the
+    switch tree once -- T = 2·α_fabric + S / (per-member fabric bandwidth) -- whatever the node count."""
+    inst = make_instance(sharp=True, nics=8, nic_gbps=400.0, fab_lat=5e-6)
+    per_member = 8 * 400e9 / 8 / 8                         # one 400 Gb/s NIC per GPU
+    for nodes in (16, 448):
+        t = collective_time("reduce-scatter", 100 * MiB, inst, GroupShape(size=nodes, per_node=1),
+                            algo="collnet").time_s
+        assert t == pytest.approx(2 * 5e-6 + 100 * MiB / per_member, rel=1e-9)
+
+
+def test_in_network_gather_latency_does_not_grow_with_the_domains_where_the_ring_does():
+    inst = make_instance(sharp=True, fab_lat=5e-6, link_lat=1e-6)
+    small = [collective_time("all-gather", 8, inst, GroupShape(size=2 * k, per_node=2), algo=a).time_s
+             for a in ("collnet", "ring") for k in (16, 256)]
+    assert small[0] == pytest.approx(small[1], rel=1e-6)   # collnet: 16 vs 256 nodes
+    assert small[3] > 10 * small[2]                         # ring: grows with the nodes
+    # and the fastest algorithm at scale is the in-network one, which needs the fabric's SHARP
+    assert collective_time("reduce-scatter", 100 * MiB, inst, GroupShape(size=896, per_node=2)).algorithm == "collnet"
+    plain = make_instance(fab_lat=5e-6, link_lat=1e-6)
+    assert "collnet" not in {collective_time("reduce-scatter", 100 * MiB, plain, GroupShape(size=896, per_node=2),
+                                             algo=a).algorithm for a in ("auto",)}
+    with pytest.raises(ConfigError, match="collnet"):
+        collective_time("reduce-scatter", 100 * MiB, plain, GroupShape(size=896, per_node=2), algo="collnet")

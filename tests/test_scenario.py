@@ -227,6 +227,24 @@ def test_network_fabric_by_name_takes_its_nic_rate():
     assert inst.nic_bytes_per_s == cat.fabric("efa-v4").nic_bytes_per_s and inst.num_nics == 8
 
 
+def test_in_network_reduction_turns_on_sharp_for_an_infiniband_fabric_and_survives_the_round_trip():
+    d = base()
+    d["cluster"]["instance"] = "dgx-h100"
+    d["cluster"]["network"] = {"in_network_reduction": True}
+    sc = build(d)
+    assert sc.cluster.instance.fabric.in_network_reduction
+    assert not load_catalog().fabric(sc.cluster.instance.fabric.name).in_network_reduction
+    again = scenario_from_mapping(scenario_to_mapping(sc))
+    assert again.cluster.instance.fabric.in_network_reduction
+
+
+def test_in_network_reduction_on_efa_is_refused_naming_the_fabric():
+    d = base()
+    d["cluster"]["network"] = {"in_network_reduction": True}
+    err = rejected(d, "cluster.network.in_network_reduction", "InfiniBand")
+    assert "efa" in str(err)
+
+
 def test_inference_kind_keeps_its_sections_raw_and_needs_no_batch_geometry():
     d = base()
     d["workload"] = {"kind": "inference", "model": "llama3-70b", "precision": "fp8"}

@@ -3,8 +3,8 @@
 Owns the time of every collective fmsim knows (:data:`OPS`) on one instance type, for a group
 described by its :class:`GroupShape` (how many members, how many share a node and a scale-up
 domain), under each algorithm of a small registry (:data:`ALGORITHMS`): ring, double binary tree,
-hierarchical, NVLS in-switch reduction (with a ring or a tree between domains), direct and pairwise
-all-to-all. ``algo="auto"`` takes the fastest applicable one, as NCCL's tuner picks the algorithm
+hierarchical, NVLS in-switch reduction (with a ring or a tree between domains), in-network (SHARP)
+reduce-scatter and all-gather between domains, direct and pairwise all-to-all. ``algo="auto"`` takes the fastest applicable one, as NCCL's tuner picks the algorithm
 its own cost model predicts fastest.
 
 Every cost is an α-β model (latency × sequential steps + bytes / achievable bandwidth) over the
@@ -440,6 +440,37 @@ register(Algorithm("nvls", ("all-reduce", "all-gather", "reduce-scatter"), _nvls
 register(Algorithm("nvls-tree", ("all-reduce",), functools.partial(_nvls_cost, inter="tree"),
                    lambda v: v.in_switch and v.per_domain > 1 and v.domains > 1,
                    "NVLink SHARP inside the domain, a double binary tree between domains (NCCL NVLSTree)"))
+
+
+def _collnet_cost(op: str, size: float, v: GroupView) -> float:
+    # In-network reduction across domains (NVIDIA SHARP through NCCL's CollNet path; all-reduce since
+    # NCCL 2.6's "in-network collectives", reduce-scatter and all-gather since NCCL 2.20 --
+    # the SHARP 3.5.2 release notes add "Reduce-Scatter and All-Gather collective operations when using
+    # HPCX v2.18.1 concurrently with NCCL v2.20 or above"). Inside a domain the members first combine
+    # their buffers over the scale-up link (one switch pass with NVLS, else a ring over the inner tiers);
+    # each member then sends its S/d share up the switch tree once and gets its S/n result back (or the
+    # reverse for all-gather) -- two fabric latencies whatever the number of domains, where a ring pays
+    # one per domain (Graham et al. 2016, "Scalable Hierarchical Aggregation Protocol (SHArP)", COMHPC).
+    # The two stages are pipelined in chunks like NVLS.
+    if op == "all-reduce":
+        # reduce-scatter inside the domain, the S/d shard all-reduced in the switches, all-gather inside:
+        # the hierarchical decomposition with SHARP between domains -- one member per node included
+        return _hierarchical_cost(op, size, v)
+    inner, fab, d = v.inner(), v.tier("fabric"), v.per_domain
+    assert fab is not None and op in ("all-gather", "reduce-scatter")
+    stages = []
+    if inner and v.in_switch:
+        stages.append((max(t.latency_s for t in inner), 1.0 / min(t.bytes_per_s for t in inner)))
+    elif inner:
+        n, a, b = _ring_params(inner)
+        stages.append(((n - 1) * a, (n - 1) / n * b))
+    stages.append((2.0 * fab.latency_s, 1.0 / (d * fab.bytes_per_s)))
+    return pipelined_s(size, stages, d * NCCL_CHANNELS * NCCL_STEP_BYTES)
+
+
+register(Algorithm("collnet", ("all-reduce", "all-gather", "reduce-scatter"), _collnet_cost,
+                   lambda v: v.in_network and v.domains > 1,
+                   "in-network (SHARP) reduction between domains, NVLS or a ring inside them (NCCL CollNet)"))
 
 
 def _hierarchical_cost(op: str, size: float, v: GroupView) -> float:
