@@ -21,9 +21,10 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-11-30): median 4.4 %, worst 28.2 %. Tighten when the physics improves.
+#: Today's level (2026-11-30): median 4.4 %, worst 30.1 % (MLPv40-LORA-04 since its files took the SHARP and
+#: non-distributed optimizer its configuration states; 28.2 % before). Tighten when the physics improves.
 GUARD_MEDIAN_PCT = 5.0
-GUARD_WORST_PCT = 29.0
+GUARD_WORST_PCT = 31.0
 
 
 @lru_cache(maxsize=1)
@@ -119,7 +120,7 @@ def test_training_validation_median_meets_the_issue_target():
     assert summarize(rows()).median_abs_pct <= 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 28.2 % (mlpv40-lora-04, 2026-11-30)")
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 30.1 % (mlpv40-lora-04, 2026-11-30)")
 def test_training_validation_worst_case_meets_the_issue_target():
     assert summarize(rows()).worst_abs_pct <= 15.0
 
@@ -140,7 +141,7 @@ def test_the_out_of_sample_runs_stay_outside_the_set_and_still_run():
     """scenarios/out_of_sample holds published runs kept out of the set (never used to choose a figure);
     they must keep loading and simulating so their table in its README can be reproduced."""
     oos = sorted((ROOT / "scenarios" / "out_of_sample").glob("*.yaml"))
-    assert len(oos) >= 9
+    assert len(oos) >= 11
     names = {p.stem for p in CASES}
     out = validate_scenarios((load_scenario(p) for p in oos), fmsim.estimate)
     assert all(r.error is None and r.error_pct is not None for r in out)
