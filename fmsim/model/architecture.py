@@ -10,7 +10,7 @@ leave out. Pure data: imported by the data layer to validate scenarios.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,6 +253,17 @@ class ModelSpec:
         """Weights of one MoE router (a hidden x experts linear layer); 0 for a dense model."""
         return self.hidden * self.moe.experts if self.moe else 0
 
+    def layer_kinds(self, layers: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
+        """(first layer, count) of each kind of layer among ``layers`` (all by default): dense MLP and MoE
+        MLP. A layer's parameters and stored activations depend only on its kind, so sums over layers
+        price each kind once."""
+        ids = range(self.layers) if layers is None else layers
+        out: dict[bool, list[int]] = {}
+        for i in ids:
+            k = out.setdefault(self.is_moe_layer(i), [i, 0])
+            k[1] += 1
+        return tuple((first, count) for first, count in out.values())
+
     def layer_params(self, i: int) -> tuple[int, int]:
         """(total, active) parameters of layer ``i``, norms included."""
         norms = 2 * self.norm_params()
@@ -296,10 +307,10 @@ class ModelSpec:
         MTP modules are left out, as published totals leave them out, unless ``include_mtp``.
         """
         total = active = self.embedding_params() + self.norm_params()
-        for i in range(self.layers):
-            t, a = self.layer_params(i)
-            total += t
-            active += a
+        for first, count in self.layer_kinds():
+            t, a = self.layer_params(first)
+            total += count * t
+            active += count * a
         if include_mtp:
             t, a = self.mtp_params()
             total += t

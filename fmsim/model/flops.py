@@ -29,9 +29,9 @@ def matmul_params_per_token(model: ModelSpec) -> tuple[float, float]:
     Norm weights and the input embedding (a lookup) do no matmul work.
     """
     layers = 0.0
-    for i in range(model.layers):
-        _, active = model.layer_params(i)
-        layers += active - 2 * model.norm_params()
+    for first, count in model.layer_kinds():
+        _, active = model.layer_params(first)
+        layers += count * (active - 2 * model.norm_params())
     return layers, float(model.vocab * model.hidden)
 
 

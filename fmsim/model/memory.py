@@ -144,14 +144,14 @@ def in_flight_microbatches(schedule: str, pp: int, vpp: int, num_microbatches: i
 def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, pp: int) -> tuple[float, float]:
     """(dense, expert) parameters held by a physical stage (all its chunks), before TP/EP split."""
     dense = expert = 0.0
-    for i in layers:
-        total, _ = model.layer_params(i)
-        if model.is_moe_layer(i):
+    for one, count in model.layer_kinds(layers):
+        total = model.layer_params(one)[0]
+        if model.is_moe_layer(one):
             e = model.moe.experts * model.mlp_params(model.moe.expert_ffn_hidden)
-            expert += e
-            dense += total - e
+            expert += count * e
+            dense += count * (total - e)
         else:
-            dense += total
+            dense += count * total
     if first:
         dense += model.vocab * model.hidden
     if last and (not model.tied_embeddings or pp > 1):
@@ -190,12 +190,13 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
-    per_layer = [layer_activation_bytes(model, i, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp,
-                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
-                                        expert_tp=etp, recompute_modules=recompute_modules,
-                                        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp,
-                                        moe_load=moe_load)
-                 for i in stage_layers]
+    # a layer's stored activations depend only on its kind (dense or MoE MLP): price each kind once
+    by_kind = {model.is_moe_layer(one): layer_activation_bytes(
+        model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
+        recompute=recompute, ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
+        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load)
+        for one, _ in model.layer_kinds(stage_layers)}
+    per_layer = [by_kind[model.is_moe_layer(i)] for i in stage_layers]
     off = per_layer[:offload_layers]
     per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
