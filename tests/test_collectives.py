@@ -406,7 +406,6 @@ def test_in_network_gather_latency_does_not_grow_with_the_domains_where_the_ring
     # and the fastest algorithm at scale is the in-network one, which needs the fabric's SHARP
     assert collective_time("reduce-scatter", 100 * MiB, inst, GroupShape(size=896, per_node=2)).algorithm == "collnet"
     plain = make_instance(fab_lat=5e-6, link_lat=1e-6)
-    assert "collnet" not in {collective_time("reduce-scatter", 100 * MiB, plain, GroupShape(size=896, per_node=2),
-                                             algo=a).algorithm for a in ("auto",)}
+    assert collective_time("reduce-scatter", 100 * MiB, plain, GroupShape(size=896, per_node=2)).algorithm != "collnet"
     with pytest.raises(ConfigError, match="collnet"):
         collective_time("reduce-scatter", 100 * MiB, plain, GroupShape(size=896, per_node=2), algo="collnet")

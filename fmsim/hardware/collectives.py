@@ -4,8 +4,8 @@ Owns the time of every collective fmsim knows (:data:`OPS`) on one instance type
 described by its :class:`GroupShape` (how many members, how many share a node and a scale-up
 domain), under each algorithm of a small registry (:data:`ALGORITHMS`): ring, double binary tree,
 hierarchical, NVLS in-switch reduction (with a ring or a tree between domains), in-network (SHARP)
-reduce-scatter and all-gather between domains, direct and pairwise all-to-all. ``algo="auto"`` takes the fastest applicable one, as NCCL's tuner picks the algorithm
-its own cost model predicts fastest.
+reduction between domains, direct and pairwise all-to-all. ``algo="auto"`` takes the fastest
+applicable one, as NCCL's tuner picks the algorithm its own cost model predicts fastest.
 
 Every cost is an α-β model (latency × sequential steps + bytes / achievable bandwidth) over the
 *tiers* a group spans:

@@ -256,7 +256,8 @@ class ModelSpec:
     def layer_kinds(self, layers: Sequence[int] | None = None) -> tuple[tuple[int, int], ...]:
         """(first layer, count) of each kind of layer among ``layers`` (all by default): dense MLP and MoE
         MLP. A layer's parameters and stored activations depend only on its kind, so sums over layers
-        price each kind once."""
+        price each kind once (a per-layer property that came to matter -- local attention's window, say --
+        would have to become part of the kind)."""
         ids = range(self.layers) if layers is None else layers
         out: dict[bool, list[int]] = {}
         for i in ids:
