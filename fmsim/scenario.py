@@ -125,9 +125,14 @@ PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather", "a2a")
 EP_DISPATCHES = ("alltoall", "deepep")
 #: Parameters per gradient bucket unless ``parallelism.grad_bucket`` says otherwise: Megatron-Core's minimum
-#: --ddp-bucket-size (its default grows to 1M x dp at large data parallelism; that variant fits the
-#: validation set worse, where DeepSpeed-era ZeRO runs reduce in small chunks), taken for every framework.
+#: --ddp-bucket-size, taken for every framework. Megatron-Core's own default grows to 1M x dp at large data
+#: parallelism (``grad_bucket: megatron``, which the validation files of Megatron-Core runs state); as the
+#: default for every framework it fits the set worse (Meta's Llama 3 runs), so files say it where it applies.
 DEFAULT_GRAD_BUCKET = 40_000_000
+#: ``parallelism.grad_bucket: megatron``: Megatron-Core's own default, max(40M, 1M x data-parallel size)
+#: parameters ("larger DP sizes need larger buckets to ensure collectives do not become latency-bound",
+#: megatron/core/distributed/distributed_data_parallel_config.py, ``bucket_size``)
+GRAD_BUCKET_MEGATRON = -1
 PARALLELISM_KEYS = (
     "tp",
     "pp",
@@ -1369,14 +1374,18 @@ def _cp_comm(ps: _Section, model: Any, *, tp: int, cp: int) -> str:
 
 
 def _grad_bucket(ps: _Section) -> int:
-    """``parallelism.grad_bucket``: parameters per gradient bucket (>= 1M), or ``unit`` (0: one per layer)."""
+    """``parallelism.grad_bucket``: parameters per gradient bucket (>= 1M), ``unit`` (0: one per layer) or
+    ``megatron`` (:data:`GRAD_BUCKET_MEGATRON`: Megatron-Core's default, growing with the data-parallel size)."""
     raw = ps.raw("grad_bucket", DEFAULT_GRAD_BUCKET)
     if raw == "unit":
         return 0
+    if raw == "megatron":
+        return GRAD_BUCKET_MEGATRON
     try:
         return ps.integer("grad_bucket", DEFAULT_GRAD_BUCKET, minimum=1_000_000, counts=True)
     except ConfigError as exc:
-        raise ps.err("grad_bucket", f"{exc.message}; or unit, one bucket per layer") from None
+        raise ps.err("grad_bucket", f"{exc.message}; or unit, one bucket per layer; or megatron, "
+                                    "Megatron-Core's max(40M, 1M x dp)") from None
 
 
 def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:
@@ -1693,7 +1702,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
         "zero": par.zero,
         **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
-        **({"grad_bucket": par.grad_bucket or "unit"} if par.grad_bucket != DEFAULT_GRAD_BUCKET else {}),
+        **({"grad_bucket": {0: "unit", GRAD_BUCKET_MEGATRON: "megatron"}.get(par.grad_bucket, par.grad_bucket)}
+           if par.grad_bucket != DEFAULT_GRAD_BUCKET else {}),
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),

@@ -192,13 +192,17 @@ def test_the_cp_exchange_and_gradient_bucket_knobs_reach_the_scenario_as_the_api
     assert not at.exception and not at.error
     res = training_expect({"parallelism.grad_bucket": 500_000_000, "parallelism.dp": "auto"})
     assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    at.selectbox(key="train.grad_bucket").set_value(-1).run()                # Megatron-Core's own default
+    assert not at.exception and not at.error
+    mcore = training_expect({"parallelism.grad_bucket": "megatron", "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(mcore.metrics["step_time_s"])
     at.selectbox(key="train.cp").set_value(2)
     at.selectbox(key="train.cp_comm").set_value("a2a").run()        # tp 8 leaves one K/V head a rank
     assert not at.exception
     assert "parallelism.cp_comm" in texts(at.error) and "divides them" in texts(at.info)
     at.select_slider(key="train.tp").set_value(4).run()               # two K/V heads a rank: cp 2 splits them
     assert not at.exception and not at.error
-    res = training_expect({"parallelism.grad_bucket": 500_000_000, "parallelism.tp": 4, "parallelism.cp": 2,
+    res = training_expect({"parallelism.grad_bucket": "megatron", "parallelism.tp": 4, "parallelism.cp": 2,
                            "parallelism.cp_comm": "a2a", "parallelism.dp": "auto"})
     assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
 

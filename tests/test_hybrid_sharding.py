@@ -137,3 +137,21 @@ def test_a_bucket_per_layer_reduces_each_unit_as_pytorch_fsdp_does():
     assert again.parallelism.grad_bucket == 0 and scenario_to_mapping(sc)["parallelism"]["grad_bucket"] == "unit"
     with pytest.raises(fmsim.FmsimError, match="cannot read 'layers' as a count; or unit"):
         scenario(grad_bucket="layers")
+
+
+def test_megatron_buckets_grow_with_the_data_parallel_group_as_megatron_core_sizes_them():
+    """``grad_bucket: megatron`` is Megatron-Core's default, max(40M, 1M x dp): 256 ranks -> 256M parameters."""
+    zero1 = {"zero": 1, "recompute": "none"}
+    sc = scenario(grad_bucket="megatron", **zero1)
+    plan, at40 = build_plan(sc), build_plan(scenario(**zero1))
+    w = sc.workload
+    dense, _ = _local_trainable(w.model, w, list(range(w.model.layers)), True, True, pp=1, tp=1, ep=1, etp=1)
+    assert len(plan.dp_buckets[0]) == max(1, round(dense / 256_000_000))
+    assert len(at40.dp_buckets[0]) == round(dense / 40_000_000)
+    small = scenario_from_mapping({**BASE, "parallelism": {**BASE["parallelism"], **zero1, "grad_bucket": "megatron"},
+                                   "cluster": {"instance": "p5.48xlarge", "nodes": 2}})
+    assert build_plan(small).dp_buckets == build_plan(scenario_from_mapping(
+        {**BASE, "parallelism": {**BASE["parallelism"], **zero1}, "cluster": {"instance": "p5.48xlarge", "nodes": 2}}
+    )).dp_buckets                                                        # 16 ranks: the 40M floor
+    assert scenario_to_mapping(sc)["parallelism"]["grad_bucket"] == "megatron"
+    assert scenario_from_mapping(scenario_to_mapping(sc)).parallelism.grad_bucket == sc.parallelism.grad_bucket

@@ -16,7 +16,7 @@ P = "train"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 CP_OPTIONS = [1, 2, 4, 8, 16, 32]
-BUCKET_OPTIONS = [0, 10_000_000, 40_000_000, 100_000_000, 500_000_000]   # 0: one per layer
+BUCKET_OPTIONS = [-1, 0, 10_000_000, 40_000_000, 100_000_000, 500_000_000]   # -1: Megatron-Core's, 0: one per layer
 INLINE = " (inline, from the scenario)"
 FIXED = "fixed price from the scenario"
 # knob -> dotted scenario path
@@ -100,6 +100,8 @@ def overrides_from(defaults: dict) -> tuple:
             continue
         # 0 in the knobs is the scenario's auto shard group and per-layer ("unit") bucket
         out[path] = {"dp_shard": "auto", "grad_bucket": "unit"}.get(knob, v) if v == 0 else v
+        if knob == "grad_bucket" and v == -1:
+            out[path] = "megatron"
     if out:
         out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
     return logic.as_overrides(out)
@@ -166,9 +168,10 @@ def draw_knobs(defaults: dict, cat) -> None:
         "Grad bucket",
         widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
         key=f"{P}.grad_bucket",
-        format_func=lambda n: f"{n / 1e6:g}M" if n else "per layer",
+        format_func=lambda n: f"{n / 1e6:g}M" if n > 0 else ("per layer" if n == 0 else "Megatron-Core (1M x dp, >= 40M)"),
         help="Parameters per gradient bucket: one reduce-scatter (or all-reduce) each, with its own latency; "
-        "per layer as PyTorch FSDP reduces each wrapped block.",
+        "per layer as PyTorch FSDP reduces each wrapped block; Megatron-Core's default grows with the "
+        "data-parallel size.",
     )
     sb.number_input(
         "MoE load imbalance",

@@ -38,6 +38,7 @@ from ..model.ops import (
     layer_forward,
     logits_forward,
 )
+from ..scenario import DEFAULT_GRAD_BUCKET, GRAD_BUCKET_MEGATRON
 
 #: Optimizer step traffic per locally-owned parameter, as Megatron's mixed-precision optimizers run it
 #: (megatron/core/optimizer/optimizer.py: clip_grad_norm, then the step, then the copy back): the
@@ -477,6 +478,9 @@ def build_plan(sc) -> Plan:
     weight_bytes = BYTES_PER_ELEMENT[par.param_gather_precision]
     buckets, gathers, opt, mem = [], [], [], []
     dense_group, expert_group = _dp_group(dp_shape, cp, shapes), _edp_group(shapes, edp, ep, etp)
+    # Megatron-Core sizes its buckets from the (dense) data-parallel group, context parallelism included
+    bucket = max(DEFAULT_GRAD_BUCKET, 1_000_000 * dense_group.size) if par.grad_bucket == GRAD_BUCKET_MEGATRON \
+        else par.grad_bucket
     reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
 
     def bucket_s(params: float, shape: GroupShape) -> float:
@@ -506,7 +510,7 @@ def build_plan(sc) -> Plan:
             for params, shape in ((dense, dense_group), (expert, expert_group)):
                 if params <= 0 or shape.size <= 1 and not hybrid:
                     continue
-                nb = max(1, round(params / par.grad_bucket)) if par.grad_bucket else 1
+                nb = max(1, round(params / bucket)) if bucket else 1
                 times += [bucket_s(params / nb, shape)] * nb
         buckets.append(tuple(times))
         g = 0.0
