@@ -198,6 +198,15 @@ class Instance:
         return self.provider == "reference"
 
 
+def with_in_network_reduction(instance: Instance, on: bool = True) -> Instance:
+    """``instance`` whose scale-out switches reduce (NVIDIA SHARP) -- or not. SHARP exists on InfiniBand
+    switches only: asking it of another fabric is a :class:`ConfigError` naming the fabric."""
+    if on and instance.fabric.kind != "infiniband":
+        raise ConfigError(f"needs InfiniBand switches that reduce (NVIDIA SHARP); {instance.name}'s "
+                          f"{instance.fabric.name} is {instance.fabric.kind}")
+    return dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, in_network_reduction=on))
+
+
 def per_core(instance: Instance) -> Instance:
     """``instance`` seen one core at a time: what a framework that runs a rank per core (Neuron: one per
     NeuronCore) schedules on. Each chip becomes ``cores`` devices with an equal share of its math, HBM

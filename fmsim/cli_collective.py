@@ -13,12 +13,11 @@ over all accelerators of N nodes, so users can hold it against their own nccl-te
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any, TextIO
 
-from .catalog import load_catalog
+from .catalog import load_catalog, with_in_network_reduction
 from .errors import ConfigError
 from .hardware.collectives import ALGORITHMS, OPS, CollectiveCost, GroupShape, collective_time
 from .units import format_quantity, parse_bytes
@@ -75,10 +74,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise ConfigError(f"unknown collective {op!r}{suggest(op, OPS)}", field="op")
     inst = load_catalog().instance(str(args.instance))
     if getattr(args, "sharp", False):
-        if inst.fabric.kind != "infiniband":
-            raise ConfigError(f"needs InfiniBand switches that reduce (NVIDIA SHARP); {inst.name}'s {inst.fabric.name} "
-                              f"is {inst.fabric.kind}", field="sharp")
-        inst = dataclasses.replace(inst, fabric=dataclasses.replace(inst.fabric, in_network_reduction=True))
+        try:
+            inst = with_in_network_reduction(inst)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field="sharp") from None
     nodes = _positive_int(args.nodes, "nodes")
     acc = inst.num_accelerators
     raw_per_node = getattr(args, "per_node", None)

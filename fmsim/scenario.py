@@ -25,7 +25,15 @@ from typing import Any
 
 import yaml
 
-from .catalog import PRICING_OPTIONS, Catalog, Instance, load_catalog, per_core, suggest
+from .catalog import (
+    PRICING_OPTIONS,
+    Catalog,
+    Instance,
+    load_catalog,
+    per_core,
+    suggest,
+    with_in_network_reduction,
+)
 from .errors import ConfigError, ParallelismError
 from .model.architecture import ModelSpec, model_from_mapping
 from .results import COLUMNS_BY_KIND, COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS
@@ -1031,12 +1039,11 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
         if net.has("in_network_reduction"):
             # SHARP: the InfiniBand switches reduce (all-reduce, and with NCCL >= 2.20 reduce-scatter and
             # all-gather); the catalog fabrics leave it off, since NCCL uses it only with the SHARP plugin
-            sharp = net.boolean("in_network_reduction")
-            if sharp and inst.fabric.kind != "infiniband":
+            try:
+                inst = with_in_network_reduction(inst, net.boolean("in_network_reduction"))
+            except ConfigError as exc:
                 raise net.err("in_network_reduction",
-                              f"true needs InfiniBand switches that reduce (NVIDIA SHARP); {inst.fabric.name} is "
-                              f"{inst.fabric.kind} (expected false, or network.fabric: infiniband)")
-            inst = dataclasses.replace(inst, fabric=dataclasses.replace(inst.fabric, in_network_reduction=sharp))
+                              f"true {exc.message} (expected false, or network.fabric: infiniband)") from None
         oversubscription = net.quantity(
             "oversubscription",
             float_number,
