@@ -85,7 +85,6 @@ def window_pairs(chunk: int, past: int, window: int) -> float:
     return (w * (w + 1) - past * (past + 1)) / 2.0 + (end - w) * w
 
 
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttentionWindow:
     """Local attention on some layers: a query sees at most ``size`` keys.
@@ -248,6 +247,10 @@ class ModelSpec:
             return attn
         up = ffn * (2 if self.gated else 1)
         return attn + rank * (h + up) + rank * (ffn + h)
+
+    def total_lora_params(self, rank: int, modules: str = "all") -> int:
+        """Trainable LoRA parameters of the whole model (:meth:`lora_params` summed over its layers)."""
+        return sum(self.lora_params(i, rank, modules) for i in range(self.layers))
 
     def router_params(self) -> int:
         """Weights of one MoE router (a hidden x experts linear layer); 0 for a dense model."""

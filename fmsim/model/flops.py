@@ -57,7 +57,7 @@ def lora_flops_per_token(model: ModelSpec, seq_len: int, rank: int, modules: str
     MFU above 1 wherever its GEMMs run near peak."""
     layers, logits = matmul_params_per_token(model)
     attn = attention_flops_per_token(model, seq_len, causal=False)
-    adapters = 2.0 * sum(model.lora_params(i, rank, modules) for i in range(model.layers))
+    adapters = 2.0 * model.total_lora_params(rank, modules)
     frozen = 2.0 * (layers + logits)
     return frozen + attn + adapters, 2.0 * frozen + 3.0 * attn + 3.0 * adapters
 

@@ -508,7 +508,7 @@ def build_plan(sc) -> Plan:
         times: list[float] = []
         for dense, expert in (units if not par.grad_bucket else [(local_dense, local_expert)]):
             for params, shape in ((dense, dense_group), (expert, expert_group)):
-                if params <= 0 or shape.size <= 1 and not hybrid:
+                if params <= 0 or (shape.size <= 1 and not hybrid):
                     continue
                 nb = max(1, round(params / bucket)) if bucket else 1
                 times += [bucket_s(params / nb, shape)] * nb

@@ -486,8 +486,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     nodes = plan.nodes
     usd_per_step = price.usd_per_hour * nodes * step / 3600.0 if price.usd_per_hour else None
     train_tokens = getattr(sc.workload, "train_tokens", None)
-    trained = (sum(plan.model.lora_params(i, w.lora_rank, w.lora_modules) for i in range(plan.model.layers))
-               if w.lora_rank else plan.model.num_params)
+    trained = plan.model.total_lora_params(w.lora_rank, w.lora_modules) if w.lora_rank else plan.model.num_params
     good = goodput(sc, float(trained))
     # wall-clock time to train: useful steps divided by the goodput (checkpoints, failures)
     time_to_train = train_tokens / tokens * step / good.goodput if (train_tokens and good.goodput) else None
