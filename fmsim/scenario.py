@@ -124,8 +124,12 @@ WORKLOAD_KEYS = (
     "moe_capacity_factor",
     "moe_pad_to_capacity",
 )
-LORA_KEYS = ("rank", "modules")
+LORA_KEYS = ("rank", "modules", "dropout", "exchange")
 LORA_MODULES = ("all", "attention")
+#: how a row-parallel layer's adapter output, split over the hidden dimension, returns to the
+#: sequence-parallel layout: gathered whole, then split (NeMo/Megatron ParallelLinearAdapter's default)
+#: | one all-to-all (its ``a2a_experimental``)
+LORA_EXCHANGES = ("all-gather", "all-to-all")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
 MOE_ROUTINGS = ("balanced", "consecutive")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
@@ -292,6 +296,8 @@ class Workload:
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
+    lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
+    lora_exchange: str = "all-gather"  # LORA_EXCHANGES
     # how the run's router spreads a token's top-k experts: balanced (uniformly over the experts the
     # model's routing allows, its group limit included: a learned router under load balancing, or
     # Megatron's forced balance) | consecutive (k consecutive experts, a benchmark gate such as NeMo
@@ -953,13 +959,19 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
     moe_imbalance, capacity, pad = _moe_load(wl, model, kind)
-    lora_rank, lora_modules = 0, "all"
+    lora_rank, lora_modules, lora_dropout, lora_exchange = 0, "all", 0.0, "all-gather"
     lo = wl.section("lora", LORA_KEYS)
     if lo is not None:
         if kind not in TRAINING_KINDS:
             raise wl.err("lora", f"applies to training kinds only, not {kind!r}")
         lora_rank = lo.integer("rank", _MISSING, counts=True, hint="adapter rank, e.g. 16")
         lora_modules = lo.choice("modules", LORA_MODULES, "all")
+        lora_dropout = lo.quantity("dropout", float_number, 0.0, inclusive=True,
+                                   expected="a dropout probability in [0, 1), e.g. 0.1")
+        if lora_dropout >= 1.0:
+            raise lo.err("dropout", f"{lora_dropout:g} must be < 1 (expected a dropout probability in [0, 1), "
+                         "e.g. 0.1)")
+        lora_exchange = lo.choice("exchange", LORA_EXCHANGES, "all-gather")
     return Workload(
         kind=kind,
         model=model,
@@ -971,6 +983,8 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         attention_kernel=attention_kernel,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
+        lora_dropout=lora_dropout,
+        lora_exchange=lora_exchange,
         moe_routing=moe_routing,
         moe_imbalance=moe_imbalance,
         moe_capacity_factor=capacity,
@@ -1689,6 +1703,10 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["attention_kernel"] = wl.attention_kernel
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
+        if wl.lora_dropout:
+            workload["lora"]["dropout"] = wl.lora_dropout
+        if wl.lora_exchange != "all-gather":
+            workload["lora"]["exchange"] = wl.lora_exchange
     if wl.moe_routing != "balanced":
         workload["moe_routing"] = wl.moe_routing
     if wl.moe_imbalance != 1.0:

@@ -787,6 +787,59 @@ def test_lora_adapters_cost_time_that_grows_with_rank_and_with_the_layers_adapte
     assert step[16, "attention"] < step[16, "all"] < step[256, "all"]
 
 
+def test_lora_adapters_under_tensor_parallelism_exchange_their_activations():
+    """NeMo's ParallelLinearAdapter split like its base layer: the rank-r activations are gathered (beside
+    a column-parallel layer) or all-reduced (beside a row-parallel one), and a row-parallel adapter's output
+    returns to the sequence-parallel layout gathered whole or by one all-to-all of a tp-th the bytes."""
+    from fmsim.model.ops import Roofline, Shard, attention_forward
+
+    model = lora().workload.model
+    rf = Roofline.of(fmsim.load_catalog().instance("p5.48xlarge").accelerator, "bf16")
+    T, h, r = 4096, model.hidden, 16
+
+    def adapter_comms(**kw):
+        base = attention_forward(model, Shard(micro_batch=1, seq_len=T, **kw), rf).comms
+        adapted = attention_forward(model, Shard(micro_batch=1, seq_len=T, lora_rank=r, **kw), rf).comms
+        extra = list(adapted)
+        for req in base:
+            extra.remove(req)
+        return sorted((q.op, q.size_bytes) for q in extra)
+
+    assert adapter_comms(tp=1) == []
+    gathered = adapter_comms(tp=4, sequence_parallel=True)
+    assert gathered == sorted([("all-gather", T * r * 2), ("all-reduce", T * r * 2), ("all-gather", T * h * 2)])
+    a2a = adapter_comms(tp=4, sequence_parallel=True, lora_exchange="all-to-all")
+    assert a2a == sorted([("all-gather", T * r * 2), ("all-reduce", T * r * 2), ("all-to-all", T * h * 2 / 4)])
+    # the gathered form costs the step more than the all-to-all
+    step = {x: fmsim.estimate(lora(**{"workload.lora.exchange": x})).metrics["step_time_s"]
+            for x in ("all-gather", "all-to-all")}
+    assert step["all-gather"] > step["all-to-all"]
+
+
+def test_lora_dropout_adds_an_elementwise_pass_over_each_adapter_input():
+    from fmsim.model.ops import Roofline, Shard, attention_forward
+
+    model = lora().workload.model
+    rf = Roofline.of(fmsim.load_catalog().instance("p5.48xlarge").accelerator, "bf16")
+    plain = attention_forward(model, Shard(micro_batch=1, seq_len=4096, lora_rank=16), rf)
+    dropped = attention_forward(model, Shard(micro_batch=1, seq_len=4096, lora_rank=16, lora_dropout=0.1), rf)
+    # the QKV adapter reads the whole hidden input, the output projection's the attention output (same width)
+    extra = 2 * 4096 * model.hidden * (2 * 2 + 1) / rf.hbm_bytes_per_s
+    assert dropped.memory_s - plain.memory_s == pytest.approx(extra)
+    assert dropped.kernels == plain.kernels + 2
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("workload.lora.dropout", 1.0, "must be < 1"),
+    ("workload.lora.dropout", -0.1, "must be >= 0"),
+    ("workload.lora.exchange", "a2a", "'a2a' is not valid"),
+])
+def test_lora_options_are_checked(field, value, needle):
+    with pytest.raises(fmsim.ConfigError) as exc:
+        lora(**{field: value})
+    assert exc.value.field == field and needle in exc.value.message
+
+
 def test_lora_reduces_and_stores_only_the_adapters():
     adapted = build_plan(lora())
     full = build_plan(lora(**{"workload.lora": None}))

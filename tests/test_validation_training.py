@@ -21,10 +21,10 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-11-30): median 4.4 %, worst 30.1 % (MLPv40-LORA-04 since its files took the SHARP and
-#: non-distributed optimizer its configuration states; 28.2 % before). Tighten when the physics improves.
+#: Today's level (2026-11-30): median 4.5 %, worst 26.4 % (MEG21T2-12; MLPv40-LORA-04 30.1 -> 22.9 % once the
+#: LoRA adapters' own TP collectives were costed). Tighten when the physics improves.
 GUARD_MEDIAN_PCT = 5.0
-GUARD_WORST_PCT = 31.0
+GUARD_WORST_PCT = 27.0
 
 
 @lru_cache(maxsize=1)
@@ -120,7 +120,7 @@ def test_training_validation_median_meets_the_issue_target():
     assert summarize(rows()).median_abs_pct <= 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 30.1 % (mlpv40-lora-04, 2026-11-30)")
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 26.4 % (meg21t2-12, 2026-11-30)")
 def test_training_validation_worst_case_meets_the_issue_target():
     assert summarize(rows()).worst_abs_pct <= 15.0
 

@@ -68,6 +68,8 @@ class Shard:
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
     lora_modules: str = "all"        # all | attention
+    lora_dropout: float = 0.0        # dropout on each adapter's input
+    lora_exchange: str = "all-gather"  # a row-parallel adapter's output back to the SP layout: all-gather | all-to-all
 
     @property
     def tokens(self) -> float:
@@ -231,20 +233,51 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
         cost.kernels += 1
 
 
-def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: float) -> None:
+def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: float, *, row: bool = False) -> None:
     """LoRA adapter beside a frozen (m×k)·(k×n) GEMM: h = x·A·B added to the base output (Hu et al.
     2021, eq. 3), A k×r and B r×n, in 16-bit (the low-precision recipes leave adapters out). Two thin
     GEMMs, each bound by its HBM traffic -- reading x, writing the m×n update -- and the add (read
     both outputs, write the sum). The adapters train, so their backward is the full 2x (data and weight
-    gradients) even when the base GEMM's is only its data gradient. The adapter sits on every rank of
-    a TP group over the same rows as its base GEMM; the small collectives of its rank-r activations are
-    not costed."""
+    gradients) even when the base GEMM's is only its data gradient. ``sh.lora_dropout`` > 0 drops out the
+    adapter's input first (PEFT's ``lora_dropout``, NeMo's ``adapter_dropout`` at position "pre"): one more
+    elementwise kernel reading x and writing it and its 1-byte mask.
+
+    Under tensor parallelism the adapter is split like its base layer (NVIDIA NeMo's and Megatron-Bridge's
+    ``ParallelLinearAdapter``), and its rank-r activations cross the TP group on the critical path:
+
+    - beside a column-parallel layer (``row`` False: QKV, MLP up) A is column-parallel with its output
+      gathered (all-gather of the m×r activations) and B column-parallel, whose input gradient is
+      all-reduced in the backward (m×r); the adapter reads the layer's own gathered input (Transformer
+      Engine's ``return_layernorm_output_gathered``), no gather of its own;
+    - beside a row-parallel layer (``row`` True: attention output, MLP down) A is row-parallel (all-reduce
+      of the m×r activations) and B column-parallel (all-reduce of its input gradient in the backward);
+      B's output, split over the hidden dimension, returns to the sequence-parallel layout by
+      ``sh.lora_exchange``: gathered whole and split (all-gather of m×n forward; the split's backward
+      gathers the gradient), or one all-to-all of m×n/tp each way (``a2a_experimental``). Without
+      sequence parallelism it is gathered whole, and the backward only splits.
+    """
     if not sh.lora_rank:
         return
     r16 = rf.at_16bit()
     r = sh.lora_rank
     cost.adapter_s += r16.gemm(m, r, k)[0] + r16.gemm(m, n, r)[0] + rf.memory(3 * m * n)
     cost.kernels += 3
+    if sh.lora_dropout:
+        cost.memory_s += m * k * (2 * rf.act_bytes + 1) / rf.hbm_bytes_per_s
+        cost.kernels += 1
+    if sh.tp <= 1:
+        return
+    low = m * r * rf.act_bytes
+    cost.comms.append(CommRequest("tp", "all-reduce" if row else "all-gather", low,
+                                  backward=(("all-reduce", 1.0),)))
+    if row:
+        out = m * n * rf.act_bytes
+        if not sh.sequence_parallel:
+            cost.comms.append(CommRequest("tp", "all-gather", out, backward=(("all-gather", 0.0),)))
+        elif sh.lora_exchange == "all-to-all":
+            cost.comms.append(CommRequest("tp", "all-to-all", out / sh.tp))
+        else:
+            cost.comms.append(CommRequest("tp", "all-gather", out, backward=(("all-gather", 1.0),)))
 
 
 def _column_parallel_sp_backward(gemm_s: float) -> tuple[tuple, ...]:
@@ -364,7 +397,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     before = c.gemm_s
     _gemm(c, rf, T, h, dv / t)
     proj_s = c.gemm_s - before
-    _adapter(c, rf, sh, T, h, dv / t)
+    _adapter(c, rf, sh, T, h, dv / t, row=True)
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
@@ -418,7 +451,7 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     fc2_s = c.gemm_s - fc1_s
     if sh.lora_modules == "all":
         _adapter(c, rf, sh, T, up / t, h)
-        _adapter(c, rf, sh, T, h, ffn / t)
+        _adapter(c, rf, sh, T, h, ffn / t, row=True)
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
     c.kernels += 3                                              # norm, activation, residual
@@ -514,7 +547,7 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         c.record("shared_experts", shared)
         if sh.lora_modules == "all":                             # routed experts are not adapted
             _adapter(c, rf, sh, tokens_in, sw * (2 if model.gated else 1) / etp, h)
-            _adapter(c, rf, sh, tokens_in, h, sw / etp)
+            _adapter(c, rf, sh, tokens_in, h, sw / etp, row=True)
     # norm and residual on the SP shard; activation; permute/unpermute copies of the routed rows
     c.memory_s += rf.memory(T * 5 * h / seq_shard + rows * 3 * m.expert_ffn_hidden / etp + 4 * rows * h)
     c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
