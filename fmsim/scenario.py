@@ -168,7 +168,7 @@ PARALLELISM_KEYS = (
     "overlap",
     "order",
 )
-OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "ep_comm", "pp_comm")
+OVERLAP_KEYS = ("grad_reduce", "param_gather", "tp_comm", "tp_backward", "tp_qkv", "tp_rs_dgrad", "ep_comm", "pp_comm")
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
@@ -202,6 +202,13 @@ class Overlap:
     # data- and weight-gradient GEMMs (Megatron-LM since 2022, Transformer Engine); false for the
     # Megatron-LM of 2020-21, which ran them in line
     tp_backward: bool = True
+    # with tp_comm: the QKV projection's all-gather joins the userbuffers overlap; false as Megatron-Core's
+    # tp_comm_overlap_disable_qkv (the all-gather runs in the open, e.g. for a LoRA adapter to reuse its output)
+    tp_qkv: bool = True
+    # with tp_comm: a layer without a weight gradient (LoRA's frozen base) pipelines its input-gradient
+    # reduce-scatter with its data-gradient GEMM (Megatron-Core tp_comm_overlap_rs_dgrad, default false);
+    # otherwise that reduce-scatter has no GEMM to hide behind
+    tp_rs_dgrad: bool = False
     # EP dispatch/combine of one micro-batch behind another's compute (Megatron-Core
     # --overlap-moe-expert-parallel-comm, Megatron-Bridge moe_a2a_overlap)
     ep_comm: bool = False
@@ -1292,6 +1299,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             param_gather=ov.boolean("param_gather", True),
             tp_comm=ov.boolean("tp_comm", False),
             tp_backward=ov.boolean("tp_backward", True),
+            tp_qkv=ov.boolean("tp_qkv", True),
+            tp_rs_dgrad=ov.boolean("tp_rs_dgrad", False),
             ep_comm=ov.boolean("ep_comm", False),
             pp_comm=ov.boolean("pp_comm", p2p_overlap),
         )
@@ -1740,6 +1749,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             "param_gather": par.overlap.param_gather,
             "tp_comm": par.overlap.tp_comm,
             "tp_backward": par.overlap.tp_backward,
+            "tp_qkv": par.overlap.tp_qkv,
+            "tp_rs_dgrad": par.overlap.tp_rs_dgrad,
             "ep_comm": par.overlap.ep_comm,
             # pp_comm's default follows the schedule: written only where it departs from it, so that a
             # change of schedule made on this mapping (the explorer's knobs) takes the new default

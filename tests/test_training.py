@@ -840,6 +840,30 @@ def test_lora_options_are_checked(field, value, needle):
     assert exc.value.field == field and needle in exc.value.message
 
 
+def test_frozen_layers_reduce_scatter_in_the_open_unless_pipelined_with_the_data_gradient():
+    """Without a weight gradient the input-gradient reduce-scatter has no GEMM to hide behind
+    (Megatron-Core's tp_comm_overlap_rs_dgrad, default off); full training hides it behind the weight
+    gradient either way."""
+    base = {"parallelism.overlap.tp_qkv": True}
+    exposed = fmsim.estimate(lora(**base)).breakdown["comm_tp"]
+    piped = fmsim.estimate(lora(**base, **{"parallelism.overlap.tp_rs_dgrad": True})).breakdown["comm_tp"]
+    assert piped < exposed
+    full = {"workload.lora": None, "workload.kind": "pretrain"}
+    assert fmsim.estimate(lora(**full)).breakdown["comm_tp"] == pytest.approx(
+        fmsim.estimate(lora(**full, **{"parallelism.overlap.tp_rs_dgrad": True})).breakdown["comm_tp"])
+
+
+def test_the_qkv_all_gather_leaves_the_userbuffers_overlap_when_told():
+    """Megatron-Core's tp_comm_overlap_disable_qkv: the QKV all-gather runs in the open, by the forward
+    all-gather's bytes over the TP group; without tp_comm the switch changes nothing."""
+    on = fmsim.estimate(lora(**{"parallelism.overlap.tp_qkv": True})).breakdown["comm_tp"]
+    off = fmsim.estimate(lora(**{"parallelism.overlap.tp_qkv": False})).breakdown["comm_tp"]
+    assert off > on
+    plain = {"parallelism.overlap.tp_comm": False}
+    assert fmsim.estimate(lora(**plain, **{"parallelism.overlap.tp_qkv": False})).breakdown["comm_tp"] == \
+        pytest.approx(fmsim.estimate(lora(**plain, **{"parallelism.overlap.tp_qkv": True})).breakdown["comm_tp"])
+
+
 def test_lora_reduces_and_stores_only_the_adapters():
     adapted = build_plan(lora())
     full = build_plan(lora(**{"workload.lora": None}))

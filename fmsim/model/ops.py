@@ -70,6 +70,7 @@ class Shard:
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input
     lora_exchange: str = "all-gather"  # a row-parallel adapter's output back to the SP layout: all-gather | all-to-all
+    tp_qkv: bool = True              # the QKV all-gather may hide behind its GEMM (overlap.tp_qkv)
 
     @property
     def tokens(self) -> float:
@@ -288,7 +289,7 @@ def _column_parallel_sp_backward(gemm_s: float) -> tuple[tuple, ...]:
 
 
 def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float = 0.0,
-                     gemm_out_s: float = 0.0) -> None:
+                     gemm_out_s: float = 0.0, *, gather_hidden: bool = True) -> None:
     """Collectives around a tensor-parallel region: all-gather in and reduce-scatter out with
     sequence parallelism, one all-reduce without (Korthikanti et al. 2022 §4.2.2, Fig. 5).
 
@@ -296,6 +297,8 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
     GEMM after the all-gather, ``gemm_out_s``: the row-parallel GEMM before the reduce-scatter) and no
     other: Transformer Engine's userbuffers overlap wraps one GEMM per collective (qkv_fprop and
     fc1_fprop ring-exchange all-gathers, proj_fprop and fc2_fprop pipelined reduce-scatters).
+    ``gather_hidden`` False: the all-gather runs in the open (Megatron-Core's
+    ``tp_comm_overlap_disable_qkv`` for the QKV projection).
 
     Backward, as Megatron-LM (``LinearWithGradAccumulationAndAsyncCommunication``) and Transformer
     Engine run it:
@@ -311,7 +314,7 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
       nothing to hide behind and no input to gather again.
     """
     if sh.sequence_parallel:
-        c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s,
+        c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s if gather_hidden else 0.0,
                                    backward=_column_parallel_sp_backward(gemm_in_s), ub_sms=UB_RING_EXCHANGE_SMS))
         c.comms.append(CommRequest("tp", "reduce-scatter", size_bytes, overlappable_s=gemm_out_s,
                                    backward=(("all-gather", 1.0, "dgrad", gemm_out_s),),
@@ -404,7 +407,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
     c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
     if t > 1:
-        _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s)
+        _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s, gather_hidden=sh.tp_qkv)
     if sh.cp > 1 and sh.cp_comm == "a2a":
         # DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509 §3): an all-to-all turns the local
         # tokens' Q, K, V (all heads of the TP rank) into all tokens' Q, K, V for 1/cp of the heads, and
@@ -611,14 +614,18 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     return c
 
 
-def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
+def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool = False) -> PassCost:
     """Backward pass of a forward: 2 × GEMM work, the attention core's own backward (2.5 × a flash
     kernel's forward), 2 × elementwise; the
     conjugate collectives (AG ↔ RS swap places; all-reduce and all-to-all repeat), or what a
     collective names as its ``backward``.
 
     With ``frozen_weights`` (LoRA: the base weights get no gradient) the GEMMs compute only the
-    data gradient, 1 × forward (Hu et al. 2021 §4.2); the adapters, which train, keep their 2 ×."""
+    data gradient, 1 × forward (Hu et al. 2021 §4.2); the adapters, which train, keep their 2 ×. A
+    frozen layer's input-gradient reduce-scatter then has no weight-gradient GEMM to hide behind: it is
+    pipelined with the data-gradient GEMM only under ``rs_dgrad`` (Transformer Engine's
+    ``ub_overlap_rs_dgrad``, Megatron-Core ``tp_comm_overlap_rs_dgrad``, default off), else it runs in the
+    open."""
     gemm_factor = 1.0 if frozen_weights else GEMM_BWD_FACTOR
     conj = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather"}
     comms = []
@@ -636,8 +643,10 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False) -> PassCost:
                 continue                                 # no weight gradient needs the full input
             # a TP layer's backward GEMMs each take its forward GEMM's time (data and weight gradient).
             # Frozen weights have no weight gradient: the input gradient's reduce-scatter can only be
-            # pipelined with the data-gradient GEMM itself, which takes userbuffers (TE ub_overlap_rs_dgrad)
+            # pipelined with the data-gradient GEMM itself, which takes userbuffers and rs_dgrad
             asynchronous = kind != "dgrad" and not (frozen_weights and kind == "wgrad")
+            if frozen_weights and kind == "wgrad" and not rs_dgrad:
+                gemm_s = 0.0
             comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=gemm_s,
                                      asynchronous=asynchronous,
                                      ub_sms=UB_RING_EXCHANGE_SMS if kind == "dgrad" else UB_SPLIT_SMS))

@@ -279,6 +279,7 @@ class _Piece:
 def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, *,
                       layers: list[list[int]], shard: Shard, recompute: str, overlap_tp: bool,
                       pp: int, vpp: int, frozen_weights: bool = False, tp_async: bool = True,
+                      rs_dgrad: bool = False,
                       recompute_modules: tuple[str, ...] = ("core_attn",),
                       offload_s: Mapping[int, float] | None = None) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
@@ -315,12 +316,14 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                         extra += fwd.parts[name].flops if name != "core_attn" else 0.0
             else:
                 rec, extra = PassCost(), 0.0
-            per_layer[key] = _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), rec,
+            bwd = backward_of(fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
+            per_layer[key] = _Piece.of(coster, fwd, bwd, rec,
                                        overlap_tp, rec_extra_flops=extra, tp_async=tp_async)
         return per_layer[key]
 
     def simple_piece(fwd: PassCost) -> _Piece:
-        return _Piece.of(coster, fwd, backward_of(fwd, frozen_weights=frozen_weights), PassCost(), overlap_tp,
+        bwd = backward_of(fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
+        return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp,
                          tp_async=tp_async)
 
     embed = simple_piece(embedding_forward(model, shard, rf))
@@ -437,7 +440,7 @@ def build_plan(sc) -> Plan:
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   moe_load=w.moe_load,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
-                  lora_exchange=w.lora_exchange)
+                  lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
@@ -454,7 +457,8 @@ def build_plan(sc) -> Plan:
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
-                               tp_async=par.overlap.tp_backward, recompute_modules=par.recompute_modules,
+                               tp_async=par.overlap.tp_backward, rs_dgrad=par.overlap.tp_rs_dgrad,
+                               recompute_modules=par.recompute_modules,
                                frozen_weights=w.lora_rank > 0, offload_s=offload_s)
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
