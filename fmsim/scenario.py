@@ -162,6 +162,7 @@ PARALLELISM_KEYS = (
     "grad_reduce_precision",
     "param_gather_precision",
     "offload_activations",
+    "activation_fp8_input",
     "gradient_accumulation_fusion",
     "cp_comm",
     "ep_dispatch",
@@ -254,6 +255,9 @@ class Parallelism:
     # transformer layers whose activations wait in host memory between forward and backward
     # (Megatron-Core --cpu-offloading-num-layers; pp 1, no recompute, as Megatron-Core requires)
     offload_activations: int = 0
+    # the MLP activation function's input kept for its backward as fp8, not 16-bit (Megatron-Core
+    # --activation-func-fp8-input-store; fp8/fp4 recipes only)
+    activation_fp8_input: bool = False
     # the weight-gradient GEMM accumulates straight into the gradient buffer (Megatron-LM
     # --gradient-accumulation-fusion, Transformer Engine fuse_wgrad_accumulation); false: it writes a
     # 16-bit gradient that a hook adds into the buffer, per micro-batch (Megatron-LM of 2020-21,
@@ -1342,6 +1346,10 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             raise ps.err("offload_activations", f"{cluster.instance.name}: the catalog has no host link bandwidth "
                          f"for {cluster.instance.accelerator.name} (expected an accelerator with host_link in "
                          "hardware_catalog/accelerators.yaml, or offload_activations: 0)")
+    act_fp8 = ps.boolean("activation_fp8_input", False)
+    if act_fp8 and workload.precision not in ("fp8", "fp4"):
+        raise ps.err("activation_fp8_input", f"true with workload.precision {workload.precision} (expected an fp8 or "
+                     "fp4 recipe: the fp8 copy is Transformer Engine's)")
     if param_gather == "fp8" and workload.precision not in ("fp8", "fp4"):
         raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
                      "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
@@ -1379,6 +1387,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                                         default_grad_reduce_precision(workload.precision)),
         param_gather_precision=param_gather,
         offload_activations=offload,
+        activation_fp8_input=act_fp8,
         gradient_accumulation_fusion=ps.boolean("gradient_accumulation_fusion", True),
         cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
@@ -1741,6 +1750,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "grad_reduce_precision": par.grad_reduce_precision,
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),
+        **({"activation_fp8_input": True} if par.activation_fp8_input else {}),
         **({} if par.gradient_accumulation_fusion else {"gradient_accumulation_fusion": False}),
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,

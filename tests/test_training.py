@@ -864,6 +864,26 @@ def test_the_qkv_all_gather_leaves_the_userbuffers_overlap_when_told():
         pytest.approx(fmsim.estimate(lora(**plain, **{"parallelism.overlap.tp_qkv": True})).breakdown["comm_tp"])
 
 
+def test_the_mlp_activation_input_kept_in_fp8_halves_its_bytes():
+    """Megatron-Core's activation_func_fp8_input_store: SwiGLU's 2·ffn-wide input, which a frozen (LoRA) MLP
+    keeps for its backward and nothing else, is saved as fp8."""
+    from fmsim.model.memory import layer_activation_bytes
+
+    model = lora().workload.model
+    kw = {"micro_batch": 1, "seq_len": 8192, "tp": 1, "cp": 1, "sequence_parallel": False, "recompute": "none",
+          "frozen_mlp": True, "gemm_input_bytes": 2.0}
+    full = layer_activation_bytes(model, 0, **kw)
+    fp8 = layer_activation_bytes(model, 0, **kw, act_input_bytes=1.0)
+    assert full - fp8 == pytest.approx(8192 * 2 * model.ffn_hidden * 1.0)
+    tight = {"parallelism.tp": 1, "parallelism.sequence_parallel": False, "parallelism.overlap.tp_comm": False,
+             "cluster.instance": "dgx-b200"}
+    assert build_plan(lora(**tight, **{"parallelism.activation_fp8_input": True})).memory[0].activations < \
+        build_plan(lora(**tight)).memory[0].activations
+    with pytest.raises(fmsim.ConfigError) as exc:
+        lora(**{"workload.precision": "bf16", "parallelism.activation_fp8_input": True})
+    assert exc.value.field == "parallelism.activation_fp8_input"
+
+
 def test_lora_reduces_and_stores_only_the_adapters():
     adapted = build_plan(lora())
     full = build_plan(lora(**{"workload.lora": None}))

@@ -62,7 +62,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
                            cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
                            expert_tp: int | None = None, recompute_modules: tuple[str, ...] = (),
                            gemm_input_bytes: float = 2.0, frozen_mlp: bool = False,
-                           moe_load: float = 1.0) -> float:
+                           moe_load: float = 1.0, act_input_bytes: float = 2.0) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -84,6 +84,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     inputs and down-projection inputs (LoRA on the attention projections only). An adapted layer's
     input is kept for its 16-bit adapters (the caller passes ``gemm_input_bytes`` 2 under LoRA).
     ``moe_load``: the routed rows of the busiest expert-parallel rank over the balanced share.
+    ``act_input_bytes``: bytes per element of the MLP activation function's saved input (1 under
+    Megatron-Core's ``activation_func_fp8_input_store``, which keeps it as fp8 for the backward).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -114,7 +116,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
         # routed rows: each rank computes tokens·etp/tp·top_k rows of width ffn/etp (see ops.moe_mlp_forward)
         down_in = 0.0 if ("moe_act" in mods or frozen_mlp) else g * m.expert_ffn_hidden
         expert_in = 0.0 if frozen_mlp else g * h
-        routed = m.top_k * etp * (expert_in + (2.0 * up + down_in) / etp) * moe_load
+        routed = m.top_k * etp * (expert_in + (act_input_bytes * up + down_in) / etp) * moe_load
         shared = 0.0
         if m.shared_experts and "shared_experts" not in mods:
             sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts
@@ -125,7 +127,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         up = ffn * (2 if model.gated else 1)
-        mlp_tp = 0.0 if "mlp" in mods else 2.0 * up + (0.0 if frozen_mlp else g * ffn)
+        mlp_tp = 0.0 if "mlp" in mods else act_input_bytes * up + (0.0 if frozen_mlp else g * ffn)
         per_token = replicated / seq_split + (attn_tp + mlp_tp) / tp
     return tokens * per_token
 
@@ -170,7 +172,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     num_microbatches: int, stage: int, expert_tp: int | None = None,
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
-                    frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0) -> MemoryBreakdown:
+                    frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0,
+                    act_input_bytes: float = 2.0) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
@@ -194,7 +197,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     by_kind = {model.is_moe_layer(one): layer_activation_bytes(
         model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
         recompute=recompute, ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
-        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load)
+        gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load,
+        act_input_bytes=act_input_bytes)
         for one, _ in model.layer_kinds(stage_layers)}
     per_layer = [by_kind[model.is_moe_layer(i)] for i in stage_layers]
     off = per_layer[:offload_layers]

@@ -447,13 +447,14 @@ def build_plan(sc) -> Plan:
     low_bytes = min(WEIGHT_BYTES, BYTES_PER_ELEMENT.get(w.precision, WEIGHT_BYTES))   # the GEMMs' input precision
     gemm_in = WEIGHT_BYTES if w.lora_rank else low_bytes
     frozen_mlp = bool(w.lora_rank) and w.lora_modules == "attention"
+    act_in = BYTES_PER_ELEMENT["fp8"] if par.activation_fp8_input else WEIGHT_BYTES   # the MLP activation's input
     offload_s = {}
     if par.offload_activations:    # pp 1 (the scenario enforces it): the stage holds every layer
         for i in layers[0][:par.offload_activations]:
             act = layer_activation_bytes(model, i, micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp,
                                          sequence_parallel=shard.sequence_parallel, recompute=par.recompute,
                                          ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
-                                         moe_load=w.moe_load)
+                                         moe_load=w.moe_load, act_input_bytes=act_in)
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
@@ -545,7 +546,8 @@ def build_plan(sc) -> Plan:
                                    recompute_modules=par.recompute_modules,
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
                                    gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
-                                   offload_layers=par.offload_activations, moe_load=w.moe_load)
+                                   offload_layers=par.offload_activations, moe_load=w.moe_load,
+                                   act_input_bytes=act_in)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
