@@ -83,6 +83,7 @@ class Accelerator:
     attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
     attention_flash2_efficiency: float = 0.0      # FlashAttention-2-class kernels (FA2, Triton ports); 0 = attention's
     attention_forward_efficiency: float = 0.0     # causal attention forward only (serving prefill); 0 = gemm bf16's
+    attention_fp8_efficiency: float = 0.0         # fused attention fwd+bwd in fp8, fraction of the fp8 peak; 0 = unknown
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
     cores: int = 1                                # devices a framework runs one rank on (NeuronCores per chip)
     overlap_clock_ratio: float = 1.0              # core clock while communication overlaps compute, / nominal
@@ -461,6 +462,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     attn_eff = eff_e.get("attention", 0.0, _fraction)
     attn_fa2_eff = eff_e.get("attention_flash2", 0.0, _fraction)
     attn_fwd_eff = eff_e.get("attention_forward", 0.0, _fraction)
+    attn_fp8_eff = eff_e.get("attention_fp8", 0.0, _fraction)
     overlap_clock = eff_e.get("overlap_clock", 1.0, _fraction)
     calibration = str(eff_e.get("source", ""))
     eff_e.check_unknown()
@@ -476,6 +478,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         attention_efficiency=attn_eff,
         attention_flash2_efficiency=attn_fa2_eff,
         attention_forward_efficiency=attn_fwd_eff,
+        attention_fp8_efficiency=attn_fp8_eff,
         overlap_clock_ratio=overlap_clock,
         compute_units=int(e.get("compute_units", 0)),
         cores=e.get("cores", 1, _positive_int),

@@ -118,6 +118,7 @@ WORKLOAD_KEYS = (
     "micro_batch",
     "train_tokens",
     "attention_kernel",
+    "fp8_attention",
     "lora",
     "moe_routing",
     "moe_imbalance",
@@ -305,6 +306,7 @@ class Workload:
     micro_batch: int = 1
     train_tokens: float | None = None
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
+    fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
@@ -966,6 +968,15 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         )
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
+    fp8_attention = wl.boolean("fp8_attention", False)
+    if fp8_attention:
+        if kind not in TRAINING_KINDS:
+            raise wl.err("fp8_attention", f"applies to training kinds only, not {kind!r}")
+        if precision not in ("fp8", "fp4"):
+            raise wl.err("fp8_attention", f"true with precision {precision} (expected an fp8 or fp4 recipe)")
+        if attention_kernel != "flash":
+            raise wl.err("fp8_attention", f"true with attention_kernel {attention_kernel} (expected flash: the fp8 "
+                         "kernel is the fused one)")
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
@@ -992,6 +1003,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         micro_batch=micro_batch,
         train_tokens=train_tokens,
         attention_kernel=attention_kernel,
+        fp8_attention=fp8_attention,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         lora_dropout=lora_dropout,
@@ -1193,6 +1205,11 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     ep = ps.integer("ep", 1)
     vpp = ps.integer("vpp", 1)
     PE = ParallelismError
+    acc = cluster.instance.accelerator
+    if workload.fp8_attention and not acc.attention_fp8_efficiency:
+        raise wl_sec.err("fp8_attention", f"{cluster.instance.name}: the catalog has no fp8 attention figure for "
+                         f"{acc.name} (expected an accelerator with efficiency.attention_fp8 in "
+                         "hardware_catalog/accelerators.yaml, or fp8_attention: false)")
 
     # Megatron-LM shards attention heads over TP ranks; KV heads are split when tp divides them and
     # replicated when kv_heads < tp (Megatron core, TransformerConfig num_query_groups).
@@ -1719,6 +1736,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["train_tokens"] = wl.train_tokens
     if wl.attention_kernel != "flash":
         workload["attention_kernel"] = wl.attention_kernel
+    if wl.fp8_attention:
+        workload["fp8_attention"] = True
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:

@@ -439,6 +439,35 @@ def test_training_attention_efficiencies_re_derive_from_nvidia_long_sequence_tab
     assert cat.accelerator("h200").attention_efficiency == cat.accelerator("h100-sxm").attention_efficiency
 
 
+def test_hopper_fp8_attention_efficiency_re_derives_from_nvidias_cudnn_lora_measurement():
+    """NVIDIA's cuDNN 9 blog (Table 1): Llama 2 70B LoRA on 8 H200 runs 1.11x its baseline with cuDNN attention
+    in BF16 and 1.15x in FP8. Read back through the model of that run (MLPv40-LORA-02's configuration), the fp8
+    kernel's fraction of the fp8 peak is the catalog's attention_fp8, the same on H100 (same die)."""
+    import dataclasses
+
+    import yaml
+    from scipy.optimize import brentq
+
+    import fmsim
+    from fmsim.scenario import scenario_from_mapping
+
+    cat = load_catalog()
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "validation" / "training" / "mlpv40-lora-02.yaml"
+    mapping = yaml.safe_load(path.read_text())
+    inst = cat.instance(mapping["cluster"]["instance"])
+
+    def step(fp8: bool, eff: float) -> float:
+        acc = dataclasses.replace(inst.accelerator, attention_fp8_efficiency=eff)
+        trial = dataclasses.replace(cat, instances={**cat.instances, inst.name: dataclasses.replace(inst, accelerator=acc)})
+        m = {**mapping, "workload": {**mapping["workload"], "fp8_attention": fp8}}
+        return fmsim.estimate(scenario_from_mapping(m, catalog=trial)).metrics["step_time_s"]
+
+    bf16 = step(False, 0.2)
+    derived = brentq(lambda eff: bf16 / step(True, eff) - 1.15 / 1.11, 0.1, 0.6, xtol=1e-4)
+    assert derived == pytest.approx(cat.accelerator("h200").attention_fp8_efficiency, abs=0.005)
+    assert cat.accelerator("h100-sxm").attention_fp8_efficiency == cat.accelerator("h200").attention_fp8_efficiency
+
+
 def test_a100_gemm_efficiency_re_derives_from_korthikanti_table4():
     """The catalog's A100 GEMM figure is the one at which the model times one layer of Korthikanti et al.'s
     22B model (KOR-01's layout) as their Table 4 does, in all five configurations: least squares on the log

@@ -876,12 +876,29 @@ def test_the_mlp_activation_input_kept_in_fp8_halves_its_bytes():
     fp8 = layer_activation_bytes(model, 0, **kw, act_input_bytes=1.0)
     assert full - fp8 == pytest.approx(8192 * 2 * model.ffn_hidden * 1.0)
     tight = {"parallelism.tp": 1, "parallelism.sequence_parallel": False, "parallelism.overlap.tp_comm": False,
-             "cluster.instance": "dgx-b200"}
+             "cluster.instance": "dgx-b200", "workload.fp8_attention": False}
     assert build_plan(lora(**tight, **{"parallelism.activation_fp8_input": True})).memory[0].activations < \
         build_plan(lora(**tight)).memory[0].activations
     with pytest.raises(fmsim.ConfigError) as exc:
-        lora(**{"workload.precision": "bf16", "parallelism.activation_fp8_input": True})
+        lora(**{"workload.precision": "bf16", "workload.fp8_attention": False,
+                "parallelism.activation_fp8_input": True})
     assert exc.value.field == "parallelism.activation_fp8_input"
+
+
+def test_fp8_attention_shortens_the_attention_core_and_is_checked():
+    from fmsim.model.ops import Roofline
+
+    acc = fmsim.load_catalog().accelerator("h100-sxm")
+    assert Roofline.of(acc, "fp8", fp8_attention=True).attn_flop_per_s == pytest.approx(
+        acc.peak("fp8") * acc.attention_fp8_efficiency)
+    assert fmsim.estimate(lora(**{"workload.fp8_attention": True})).metrics["step_time_s"] < \
+        fmsim.estimate(lora(**{"workload.fp8_attention": False})).metrics["step_time_s"]
+    for overrides, needle in (({"workload.precision": "bf16"}, "expected an fp8 or fp4 recipe"),
+                              ({"workload.attention_kernel": "flash2"}, "expected flash"),
+                              ({"cluster.instance": "dgx-b200"}, "no fp8 attention figure for b200")):
+        with pytest.raises(fmsim.ConfigError) as exc:
+            lora(**{"workload.fp8_attention": True, **overrides})
+        assert exc.value.field == "workload.fp8_attention" and needle in exc.value.message
 
 
 def test_lora_reduces_and_stores_only_the_adapters():

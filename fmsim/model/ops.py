@@ -59,6 +59,7 @@ class Shard:
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2 class) | unfused (materialised scores)
+    fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
@@ -171,7 +172,8 @@ class Roofline:
     gemm_k0_bf16: float = 0.0        # the same at the 16-bit math rate
 
     @classmethod
-    def of(cls, acc: Accelerator, precision: str, attention_kernel: str = "flash") -> Roofline:
+    def of(cls, acc: Accelerator, precision: str, attention_kernel: str = "flash",
+           fp8_attention: bool = False) -> Roofline:
         act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
         if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
             act_precision = "bf16"
@@ -180,10 +182,14 @@ class Roofline:
             # a FlashAttention-2-class kernel (FA2, its Triton ports): the chip's best fused attention
             # where that is what FA2 is (Ampere), a separate figure where newer kernels pulled ahead
             attn_eff = acc.attention_flash2_efficiency or attn_eff
+        attn_rate = acc.peak(act_precision) * attn_eff
+        if fp8_attention:
+            # the fused kernel in fp8, forward and backward (the caller checked the chip has the figure)
+            attn_rate = acc.peak("fp8") * acc.attention_fp8_efficiency
         return cls(
             gemm_flop_per_s=acc.gemm_flop_per_s(precision),
             gemm_flop_per_s_bf16=acc.gemm_flop_per_s(act_precision),
-            attn_flop_per_s=acc.peak(act_precision) * attn_eff,
+            attn_flop_per_s=attn_rate,
             hbm_bytes_per_s=acc.hbm_bytes_per_s * acc.hbm_efficiency,
             act_bytes=BYTES_PER_ELEMENT[act_precision],
             gemm_in_bytes=BYTES_PER_ELEMENT[precision],

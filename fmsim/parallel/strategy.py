@@ -291,7 +291,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     The copy runs on its own stream beside the next layer's pass (Transformer Engine's double-buffered
     offload: out after the layer's forward, back ahead of its backward); what the pass cannot cover
     waits in the open, filed under ``offload``."""
-    rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel)
+    rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention)
     offload_s = offload_s or {}
     per_layer: dict[tuple[bool, bool], _Piece] = {}
 
@@ -435,7 +435,8 @@ def build_plan(sc) -> Plan:
     layers = split_layers(model.layers, pp, vpp)
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
-                  attention_kernel=getattr(w, "attention_kernel", "flash"), cp_comm=par.cp_comm, expert_tp=etp,
+                  attention_kernel=getattr(w, "attention_kernel", "flash"), fp8_attention=w.fp8_attention,
+                  cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   moe_load=w.moe_load,
