@@ -255,7 +255,9 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
     - beside a column-parallel layer (``row`` False: QKV, MLP up) A is column-parallel with its output
       gathered (all-gather of the m×r activations) and B column-parallel, whose input gradient is
       all-reduced in the backward (m×r); the adapter reads the layer's own gathered input (Transformer
-      Engine's ``return_layernorm_output_gathered``), no gather of its own;
+      Engine's ``return_layernorm_output_gathered``: Megatron-Bridge's adapters, and NeMo's when the QKV
+      all-gather leaves the userbuffers overlap, ``overlap.tp_qkv: false``), no gather of its own -- NeMo's
+      with the QKV overlap on gather the input once more, which is not costed;
     - beside a row-parallel layer (``row`` True: attention output, MLP down) A is row-parallel (all-reduce
       of the m×r activations) and B column-parallel (all-reduce of its input gradient in the backward);
       B's output, split over the hidden dimension, returns to the sequence-parallel layout by
