@@ -132,6 +132,8 @@ LORA_MODULES = ("all", "attention")
 #: | one all-to-all (its ``a2a_experimental``)
 LORA_EXCHANGES = ("all-gather", "all-to-all")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+#: the low-precision recipes whose Transformer Engine copies (fp8 weights, fp8 attention, fp8 saved inputs) exist
+LOW_PRECISIONS = ("fp8", "fp4")
 MOE_ROUTINGS = ("balanced", "consecutive")
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
@@ -972,7 +974,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     if fp8_attention:
         if kind not in TRAINING_KINDS:
             raise wl.err("fp8_attention", f"applies to training kinds only, not {kind!r}")
-        if precision not in ("fp8", "fp4"):
+        if precision not in LOW_PRECISIONS:
             raise wl.err("fp8_attention", f"true with precision {precision} (expected an fp8 or fp4 recipe)")
         if attention_kernel != "flash":
             raise wl.err("fp8_attention", f"true with attention_kernel {attention_kernel} (expected flash: the fp8 "
@@ -1364,10 +1366,10 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                          f"for {cluster.instance.accelerator.name} (expected an accelerator with host_link in "
                          "hardware_catalog/accelerators.yaml, or offload_activations: 0)")
     act_fp8 = ps.boolean("activation_fp8_input", False)
-    if act_fp8 and workload.precision not in ("fp8", "fp4"):
+    if act_fp8 and workload.precision not in LOW_PRECISIONS:
         raise ps.err("activation_fp8_input", f"true with workload.precision {workload.precision} (expected an fp8 or "
                      "fp4 recipe: the fp8 copy is Transformer Engine's)")
-    if param_gather == "fp8" and workload.precision not in ("fp8", "fp4"):
+    if param_gather == "fp8" and workload.precision not in LOW_PRECISIONS:
         raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
                      "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
     zero = ps.integer("zero", 0, minimum=0, maximum=3)

@@ -317,14 +317,12 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             else:
                 rec, extra = PassCost(), 0.0
             bwd = backward_of(fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
-            per_layer[key] = _Piece.of(coster, fwd, bwd, rec,
-                                       overlap_tp, rec_extra_flops=extra, tp_async=tp_async)
+            per_layer[key] = _Piece.of(coster, fwd, bwd, rec, overlap_tp, rec_extra_flops=extra, tp_async=tp_async)
         return per_layer[key]
 
     def simple_piece(fwd: PassCost) -> _Piece:
         bwd = backward_of(fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
-        return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp,
-                         tp_async=tp_async)
+        return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp, tp_async=tp_async)
 
     embed = simple_piece(embedding_forward(model, shard, rf))
     head = simple_piece(logits_forward(model, shard, rf))
@@ -435,7 +433,7 @@ def build_plan(sc) -> Plan:
     layers = split_layers(model.layers, pp, vpp)
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
-                  attention_kernel=getattr(w, "attention_kernel", "flash"), fp8_attention=w.fp8_attention,
+                  attention_kernel=w.attention_kernel, fp8_attention=w.fp8_attention,
                   cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
