@@ -119,6 +119,7 @@ WORKLOAD_KEYS = (
     "train_tokens",
     "attention_kernel",
     "fp8_attention",
+    "cross_entropy",
     "lora",
     "moe_routing",
     "moe_imbalance",
@@ -132,6 +133,9 @@ LORA_MODULES = ("all", "attention")
 #: | one all-to-all (its ``a2a_experimental``)
 LORA_EXCHANGES = ("all-gather", "all-to-all")
 ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+#: the loss kernel: fused (one fp32 pass) | unfused (Megatron's vocab-parallel cross entropy as separate
+#: PyTorch ops, its default without --cross-entropy-loss-fusion; model.ops.CROSS_ENTROPY_BYTES)
+CROSS_ENTROPIES = ("fused", "unfused")
 #: the low-precision recipes whose Transformer Engine copies (fp8 weights, fp8 attention, fp8 saved inputs) exist
 LOW_PRECISIONS = ("fp8", "fp4")
 MOE_ROUTINGS = ("balanced", "consecutive")
@@ -309,6 +313,7 @@ class Workload:
     train_tokens: float | None = None
     attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
+    cross_entropy: str = "fused"     # CROSS_ENTROPIES
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
@@ -979,6 +984,9 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         if attention_kernel != "flash":
             raise wl.err("fp8_attention", f"true with attention_kernel {attention_kernel} (expected flash: the fp8 "
                          "kernel is the fused one)")
+    cross_entropy = wl.choice("cross_entropy", CROSS_ENTROPIES, "fused")
+    if wl.has("cross_entropy") and kind not in TRAINING_KINDS:
+        raise wl.err("cross_entropy", f"applies to training kinds only, not {kind!r}")
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
@@ -1006,6 +1014,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         train_tokens=train_tokens,
         attention_kernel=attention_kernel,
         fp8_attention=fp8_attention,
+        cross_entropy=cross_entropy,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         lora_dropout=lora_dropout,
@@ -1740,6 +1749,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["attention_kernel"] = wl.attention_kernel
     if wl.fp8_attention:
         workload["fp8_attention"] = True
+    if wl.cross_entropy != "fused":
+        workload["cross_entropy"] = wl.cross_entropy
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:

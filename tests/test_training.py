@@ -1057,3 +1057,22 @@ def test_lora_counts_the_frozen_weights_backward_as_their_data_gradient_alone():
         "cluster": {"instance": "p4de.24xlarge", "nodes": 1}})
     r = fmsim.simulate(sc)
     assert 0 < r.get("mfu") <= r.get("hfu") < 1.0
+
+
+def test_unfused_cross_entropy_moves_its_bytes_and_survives_the_round_trip():
+    """Megatron's vocab-parallel cross entropy as separate ops moves 38 B per logit forward and 14 B
+    backward (ops.CROSS_ENTROPY_BYTES); the fused default keeps the 12 + 24 B the model always priced."""
+    from fmsim.model.ops import CROSS_ENTROPY_BYTES, Roofline, Shard, cross_entropy_s
+    from fmsim.scenario import scenario_from_mapping, scenario_to_mapping
+
+    model = scenario().workload.model
+    rf = Roofline.of(fmsim.load_catalog().accelerator("h100-sxm"), "bf16")
+    logits = 8192 * model.vocab / 4
+    for kind, (fwd_b, bwd_b) in CROSS_ENTROPY_BYTES.items():
+        fwd, bwd = cross_entropy_s(model, Shard(micro_batch=1, seq_len=8192, tp=4, cross_entropy=kind), rf)
+        assert (fwd, bwd) == pytest.approx((logits * fwd_b / rf.hbm_bytes_per_s, logits * bwd_b / rf.hbm_bytes_per_s))
+    assert sum(CROSS_ENTROPY_BYTES["unfused"]) > sum(CROSS_ENTROPY_BYTES["fused"])
+    fused, unfused = scenario(), scenario(**{"workload.cross_entropy": "unfused"})
+    assert fmsim.estimate(unfused).metrics["step_time_s"] > fmsim.estimate(fused).metrics["step_time_s"]
+    assert scenario_from_mapping(scenario_to_mapping(unfused)).workload.cross_entropy == "unfused"
+    assert "cross_entropy" not in scenario_to_mapping(fused)["workload"]

@@ -72,6 +72,7 @@ class Shard:
     lora_dropout: float = 0.0        # dropout on each adapter's input
     lora_exchange: str = "all-gather"  # a row-parallel adapter's output back to the SP layout: all-gather | all-to-all
     tp_qkv: bool = True              # the QKV all-gather may hide behind its GEMM (overlap.tp_qkv)
+    cross_entropy: str = "fused"     # the loss over the vocabulary: fused | unfused (CROSS_ENTROPY_BYTES)
 
     @property
     def tokens(self) -> float:
@@ -612,14 +613,34 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # tensor_parallel.ColumnParallelLinear, outside Transformer Engine's fp8 autocast
     _gemm(c, rf.at_16bit(), T, model.vocab / t, h)
     out_s = c.gemm_s
-    # softmax cross-entropy in fp32 over the local vocab shard: read logits, write probabilities
-    c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1)) \
-        + T * model.vocab / t * 4 * 3 / rf.hbm_bytes_per_s
+    # the final norm; the loss over the logits is priced by cross_entropy_s, forward and backward
+    c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1))
     if t > 1 and sh.sequence_parallel:
         # a column-parallel layer, with the same backward as the layers' (_tp_region_comms)
         c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes,
                                    backward=_column_parallel_sp_backward(out_s)))
     return c
+
+
+#: HBM bytes per logit (of the rank's vocabulary shard) the softmax cross-entropy moves, (forward,
+#: backward). fused: one fp32 pass that reads the logits and writes the probabilities (forward), the
+#: gradient read, scaled and written twice over in the backward -- what fused loss kernels (Megatron-Core
+#: --cross-entropy-loss-fusion, Transformer Engine / NeMo recipes) come to. unfused: Megatron's
+#: vocab-parallel cross entropy as separate PyTorch ops (megatron/core/tensor_parallel/cross_entropy.py,
+#: VocabParallelCrossEntropy, read 2026-11-30; the only kind in Megatron-LM before the fusion flag, and
+#: its default after): forward .float() (read 2 B, write 4), max (read 4), in-place subtract of the
+#: max (8), exp in place (8), sum (4), in-place division into the softmax kept for the backward (8) =
+#: 38 B; backward the in-place multiply by the loss gradient (8) and the fp32 gradient cast back to
+#: the logits' 16 bits (read 4, write 2) = 14 B.
+CROSS_ENTROPY_BYTES = {"fused": (12.0, 24.0), "unfused": (38.0, 14.0)}
+
+
+def cross_entropy_s(model: ModelSpec, sh: Shard, rf: Roofline) -> tuple[float, float]:
+    """(forward, backward) seconds of the softmax cross-entropy over one micro-batch's logits, the
+    vocabulary split over TP (memory-bound, :data:`CROSS_ENTROPY_BYTES`)."""
+    logits = sh.tokens * model.vocab / sh.tp
+    fwd, bwd = CROSS_ENTROPY_BYTES[sh.cross_entropy]
+    return logits * fwd / rf.hbm_bytes_per_s, logits * bwd / rf.hbm_bytes_per_s
 
 
 def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool = False) -> PassCost:

@@ -34,6 +34,7 @@ from ..model.ops import (
     Roofline,
     Shard,
     backward_of,
+    cross_entropy_s,
     embedding_forward,
     layer_forward,
     logits_forward,
@@ -325,7 +326,12 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
         return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp, tp_async=tp_async)
 
     embed = simple_piece(embedding_forward(model, shard, rf))
-    head = simple_piece(logits_forward(model, shard, rf))
+    head_fwd = logits_forward(model, shard, rf)
+    head_bwd = backward_of(head_fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
+    loss_fwd, loss_bwd = cross_entropy_s(model, shard, rf)
+    head_fwd.memory_s += loss_fwd
+    head_bwd.memory_s += loss_bwd
+    head = _Piece.of(coster, head_fwd, head_bwd, PassCost(), overlap_tp, tp_async=tp_async)
     proj = PassCost()
     proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
     # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more transformer
@@ -439,7 +445,7 @@ def build_plan(sc) -> Plan:
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   moe_load=w.moe_load,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
-                  lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv)
+                  lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
