@@ -624,8 +624,8 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
 
 #: HBM bytes per logit (of the rank's vocabulary shard) the softmax cross-entropy moves, (forward,
 #: backward). fused: one fp32 pass that reads the logits and writes the probabilities (forward), the
-#: gradient read, scaled and written twice over in the backward -- what fused loss kernels (Megatron-Core
-#: --cross-entropy-loss-fusion, Transformer Engine / NeMo recipes) come to. unfused: Megatron's
+#: backward twice that (the model's figure for a fused loss kernel -- Megatron-Core's
+#: --cross-entropy-loss-fusion, the NeMo / Megatron-Bridge recipes -- not read from one). unfused: Megatron's
 #: vocab-parallel cross entropy as separate PyTorch ops (megatron/core/tensor_parallel/cross_entropy.py,
 #: VocabParallelCrossEntropy, read 2026-11-30; the only kind in Megatron-LM before the fusion flag, and
 #: its default after): forward .float() (read 2 B, write 4), max (read 4), in-place subtract of the
