@@ -321,17 +321,16 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             per_layer[key] = _Piece.of(coster, fwd, bwd, rec, overlap_tp, rec_extra_flops=extra, tp_async=tp_async)
         return per_layer[key]
 
-    def simple_piece(fwd: PassCost) -> _Piece:
+    def simple_piece(fwd: PassCost, memory_s: tuple[float, float] = (0.0, 0.0)) -> _Piece:
+        """A piece with no recompute; ``memory_s``: memory-bound (forward, backward) seconds priced on
+        their own rather than by the backward's 2x rule (the loss)."""
         bwd = backward_of(fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
+        fwd.memory_s += memory_s[0]
+        bwd.memory_s += memory_s[1]
         return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp, tp_async=tp_async)
 
     embed = simple_piece(embedding_forward(model, shard, rf))
-    head_fwd = logits_forward(model, shard, rf)
-    head_bwd = backward_of(head_fwd, frozen_weights=frozen_weights, rs_dgrad=rs_dgrad)
-    loss_fwd, loss_bwd = cross_entropy_s(model, shard, rf)
-    head_fwd.memory_s += loss_fwd
-    head_bwd.memory_s += loss_bwd
-    head = _Piece.of(coster, head_fwd, head_bwd, PassCost(), overlap_tp, tp_async=tp_async)
+    head = simple_piece(logits_forward(model, shard, rf), cross_entropy_s(model, shard, rf))
     proj = PassCost()
     proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
     # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more transformer
