@@ -191,15 +191,21 @@ def test_vllm_0_6_profile_waits_on_the_cpu_and_v1_does_not():
     assert not ENGINES["vllm-0.6"].chunked_prefill and not ENGINES["vllm-0.6"].mixed_batches
 
 
-def test_wave_quantization_pays_edge_tiles_and_a_partial_last_wave_but_split_k_fills_small_grids():
-    from fmsim.model.kernels import wave_efficiency
+def test_gemm_shape_pays_edge_tiles_a_partial_last_wave_and_split_k_s_shorter_depth():
+    from fmsim.model.kernels import gemm_efficiency, gemm_k_efficiency
 
-    # 192 rows fill a 128-row tile and a half: 75 % of the rows computed are real, and with fewer
-    # tiles than SMs split-K keeps every SM busy, so nothing else is lost
-    assert wave_efficiency(192, 8192, 132) == pytest.approx(0.75)
-    # a full grid of 128x256 tiles on 132 SMs: 16 x 32 = 512 tiles run in 4 waves of 132 (97 %)
-    assert wave_efficiency(2048, 8192, 132) == pytest.approx(512 / (4 * 132), rel=0.1)
-    assert wave_efficiency(4096, 8192, 0) == 1.0          # no SM count, no wave model
+    k0 = 320.0
+    # 192 rows fill a 128-row tile and a half: 75 % of the rows computed are real; 2 x 64 = 128 tiles
+    # of 128x128 keep 128 of 132 SMs busy at full depth, which beats splitting the 64 tiles of 128x256
+    # in two (the same SMs, each walking half the depth)
+    assert gemm_efficiency(192, 8192, 8192, 132, k0) == pytest.approx(
+        0.75 * 128 / 132 * gemm_k_efficiency(8192, k0))
+    # a full grid of 128x256 tiles on 132 SMs: 16 x 32 = 512 tiles run in 4 waves of 132 (97 %), at full depth
+    assert gemm_efficiency(2048, 8192, 8192, 132, k0) == pytest.approx(
+        512 / (4 * 132) * gemm_k_efficiency(8192, k0), rel=0.1)
+    # a small grid splits deeper but each split pays the tile's fixed cost again: never above the full wave
+    assert gemm_efficiency(256, 1024, 4096, 132, k0) < gemm_efficiency(256, 1024 * 16, 4096, 132, k0)
+    assert gemm_efficiency(4096, 8192, 8192, 0, k0) == gemm_k_efficiency(8192, k0)   # no SM count: depth only
 
 
 def test_decode_batch_of_a_tile_and_a_half_pays_for_two_tiles_of_math():

@@ -28,9 +28,9 @@ from .kernels import (
     BYTES_PER_ELEMENT,
     KERNEL_FIXED_S,
     attention_length_efficiency,
+    gemm_efficiency,
     gemm_k0,
     gemm_k_efficiency,
-    wave_efficiency,
 )
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
@@ -210,16 +210,11 @@ class Roofline:
         return dataclasses.replace(self, gemm_flop_per_s=self.gemm_flop_per_s_bf16, gemm_in_bytes=self.act_bytes,
                                    gemm_k0=self.gemm_k0_bf16)
 
-    def wave_efficiency(self, m: float, n: float) -> float:
-        """Fraction of the SMs busy over a GEMM's waves of output tiles (:func:`kernels.wave_efficiency`)."""
-        return wave_efficiency(m, n, self.compute_units)
-
     def gemm(self, m: float, n: float, k: float) -> tuple[float, float]:
         """(seconds, FLOPs) of an (m×k)·(k×n) GEMM: roofline of compute and operand traffic."""
         flops = 2.0 * m * n * k
         traffic = (m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes
-        k_eff = k / (k + self.gemm_k0) if self.gemm_k0 else 1.0
-        compute = flops / (self.gemm_flop_per_s * self.wave_efficiency(m, n) * k_eff)
+        compute = flops / (self.gemm_flop_per_s * gemm_efficiency(m, n, k, self.compute_units, self.gemm_k0))
         return max(compute, traffic / self.hbm_bytes_per_s), flops
 
     def memory(self, elements: float) -> float:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from .architecture import causal_pairs, window_pairs
-from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_k0, gemm_k_efficiency, wave_efficiency
+from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_efficiency, gemm_k0, gemm_k_efficiency
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
 LOGIT_BYTES = 4.0        # fp32 logits in the sampler
@@ -58,10 +58,10 @@ def _flop_weighted_efficiency(gemms: list[tuple[float, float, float]], k0: float
     return tot / sum(g[0] / gemm_k_efficiency(g[1], k0) for g in gemms)
 
 
-def _gemm_shapes(gemms: list[tuple[float, float, float]], k0: float) -> tuple[tuple[float, float, float], ...]:
-    """(FLOPs share, K-depth efficiency, N on one GPU) of each GEMM family, for the wave model."""
+def _gemm_shapes(gemms: list[tuple[float, float, float]]) -> tuple[tuple[float, float, float], ...]:
+    """(FLOPs share, K, N on one GPU) of each GEMM family, for the shape model (kernels.gemm_efficiency)."""
     tot = sum(g[0] for g in gemms)
-    return tuple((f / tot, gemm_k_efficiency(k, k0), n) for f, k, n in gemms) if tot > 0 else ()
+    return tuple((f / tot, k, n) for f, k, n in gemms) if tot > 0 else ()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,11 +309,13 @@ class ServingCostModel:
     window: int = 0
     window_share: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
-    # wave quantization of the linear layers at the batch's row count (kernels.wave_efficiency):
-    # (FLOPs share, K-depth efficiency, N on one GPU) of each non-expert GEMM family, the LM head's
-    # N, and the SMs (0: no wave model)
+    # shape efficiency of the linear layers at the batch's row count (kernels.gemm_efficiency: tiles,
+    # waves, split-K): (FLOPs share, K, N on one GPU) of each non-expert GEMM family and their K0, the
+    # LM head's N and K0 (its K is ``hidden``), and the SMs (0: no wave model)
     dense_gemm_shapes: tuple[tuple[float, float, float], ...] = ()
+    dense_k0: float = 0.0
     lm_n: float = 0.0
+    lm_k0: float = 0.0
     compute_units: int = 0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -348,14 +350,14 @@ class ServingCostModel:
 
     def dense_efficiency(self, tokens: float) -> float:
         """Compute efficiency of the non-expert GEMMs for a batch of ``tokens``: K depth and, on
-        GPUs, the tile and wave quantization of each GEMM's (tokens per attention group) × N output."""
+        GPUs, the tiles, waves and split-K of each GEMM's (tokens per attention group) × N output."""
         if not self.compute_units or not self.dense_gemm_shapes:
             return self.dense_gemm_eff
         m = max(1, math.ceil(tokens / self.dp_groups))
         e = self._eff_cache.get(m)
         if e is None:
-            e = 1.0 / sum(share / (k_eff * wave_efficiency(m, n, self.compute_units))
-                          for share, k_eff, n in self.dense_gemm_shapes)
+            e = 1.0 / sum(share / gemm_efficiency(m, n, k, self.compute_units, self.dense_k0)
+                          for share, k, n in self.dense_gemm_shapes)
             self._eff_cache[m] = e
         return e
 
@@ -370,8 +372,8 @@ class ServingCostModel:
             t += max(self.expert_flop_per_token * tokens / (f * self.expert_gemm_eff),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if logits > 0:
-            lm_eff = self.lm_gemm_eff * (wave_efficiency(math.ceil(logits / self.dp_groups), self.lm_n,
-                                                         self.compute_units) if self.lm_n else 1.0)
+            lm_eff = (gemm_efficiency(math.ceil(logits / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
+                                      self.lm_k0) if self.lm_n else self.lm_gemm_eff)
             t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
         return t
 
@@ -613,6 +615,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         expert_eff = 1.0
     dense_eff = _flop_weighted_efficiency(dense_gemms, k0)
+    lm_k0 = gemm_k0(acc.peak("bf16"))
 
     # LM head kept in bf16 (quantization recipes leave it unquantized)
     lm_bytes = model.vocab * model.hidden * ACT_BYTES / tp
@@ -679,8 +682,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
         cpu_overhead_fraction=cpu_overhead_fraction,
         window=model.window.size if n_local else 0, window_share=n_local / L,
-        dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, gemm_k0(acc.peak("bf16"))),
-        dense_gemm_shapes=_gemm_shapes(dense_gemms, k0), lm_n=model.vocab / tp, compute_units=acc.compute_units,
+        dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, lm_k0),
+        dense_gemm_shapes=_gemm_shapes(dense_gemms), dense_k0=k0, lm_n=model.vocab / tp, lm_k0=lm_k0,
+        compute_units=acc.compute_units,
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
