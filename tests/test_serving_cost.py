@@ -208,6 +208,17 @@ def test_gemm_shape_pays_edge_tiles_a_partial_last_wave_and_split_k_s_shorter_de
     assert gemm_efficiency(4096, 8192, 8192, 0, k0) == gemm_k_efficiency(8192, k0)   # no SM count: depth only
 
 
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 60000), k=st.integers(1, 30000), dk=st.integers(1, 30000),
+       units=st.sampled_from([0, 108, 132, 148]))
+def test_gemm_shape_efficiency_is_a_fraction_that_a_deeper_reduction_never_lowers(m, n, k, dk, units):
+    from fmsim.model.kernels import gemm_efficiency, gemm_k_efficiency
+
+    e = gemm_efficiency(m, n, k, units, 320.0)
+    assert 0.0 < e <= gemm_k_efficiency(k, 320.0) <= 1.0
+    assert gemm_efficiency(m, n, k + dk, units, 320.0) >= e
+
+
 def test_decode_batch_of_a_tile_and_a_half_pays_for_two_tiles_of_math():
     cat = load_catalog()
     cm = build_cost_model(cat.model("llama3.1-70b"), cat.instance("dgx-h200"), precision="fp8", kv_dtype="fp8",
