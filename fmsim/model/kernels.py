@@ -81,8 +81,9 @@ def gemm_efficiency(m: float, n: float, k: float, compute_units: int, k0: float)
     measured H100 table (hardware_catalog/measurements/h100_xla_matmul.csv), this split-K rule with
     the catalog's unchanged figures (0.80, K0 = 320) takes the rms log error over its 125 shapes from
     0.24 (split-K at full depth on every SM) to 0.14, within 0.005 of the best-fitting pair on a grid
-    (0.86, K0 = 400: 0.136; tests/test_catalog_hardware.py checks the 0.14). The catalog's large-GEMM efficiency was measured on shapes that
-    fill their waves, so a full wave counts as 1. ``compute_units`` 0: no wave model, depth only.
+    (0.86, K0 = 400: 0.136; tests/test_catalog_hardware.py checks the 0.14). The catalog's large-GEMM
+    efficiency was measured on shapes that fill their waves, so a full wave counts as 1.
+    ``compute_units`` 0: no wave model, depth only.
     """
     if compute_units <= 0:
         return gemm_k_efficiency(k, k0)
