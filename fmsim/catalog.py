@@ -82,6 +82,7 @@ class Accelerator:
     hbm_efficiency: float                         # achievable fraction of HBM bandwidth (streaming)
     attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
     attention_flash2_efficiency: float = 0.0      # FlashAttention-2-class kernels (FA2, Triton ports); 0 = attention's
+    attention_flash1_efficiency: float = 0.0      # FlashAttention-1-class kernels (FA1, 2022 Triton); 0 = unknown
     attention_forward_efficiency: float = 0.0     # causal attention forward only (serving prefill); 0 = gemm bf16's
     attention_fp8_efficiency: float = 0.0         # fused attention fwd+bwd in fp8, fraction of the fp8 peak; 0 = unknown
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
@@ -461,6 +462,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     hbm_eff = eff_e.get("hbm", parse=_fraction)
     attn_eff = eff_e.get("attention", 0.0, _fraction)
     attn_fa2_eff = eff_e.get("attention_flash2", 0.0, _fraction)
+    attn_fa1_eff = eff_e.get("attention_flash1", 0.0, _fraction)
     attn_fwd_eff = eff_e.get("attention_forward", 0.0, _fraction)
     attn_fp8_eff = eff_e.get("attention_fp8", 0.0, _fraction)
     overlap_clock = eff_e.get("overlap_clock", 1.0, _fraction)
@@ -477,6 +479,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         hbm_efficiency=hbm_eff,
         attention_efficiency=attn_eff,
         attention_flash2_efficiency=attn_fa2_eff,
+        attention_flash1_efficiency=attn_fa1_eff,
         attention_forward_efficiency=attn_fwd_eff,
         attention_fp8_efficiency=attn_fp8_eff,
         overlap_clock_ratio=overlap_clock,

@@ -132,7 +132,7 @@ LORA_MODULES = ("all", "attention")
 #: sequence-parallel layout: gathered whole, then split (NeMo/Megatron ParallelLinearAdapter's default)
 #: | one all-to-all (its ``a2a_experimental``)
 LORA_EXCHANGES = ("all-gather", "all-to-all")
-ATTENTION_KERNELS = ("flash", "flash2", "unfused")
+ATTENTION_KERNELS = ("flash", "flash2", "flash1", "unfused")
 #: the loss kernel: fused (one fp32 pass) | unfused (Megatron's vocab-parallel cross entropy as separate
 #: PyTorch ops, its default without --cross-entropy-loss-fusion; model.ops.CROSS_ENTROPY_BYTES)
 CROSS_ENTROPIES = ("fused", "unfused")
@@ -311,7 +311,7 @@ class Workload:
     global_batch: int = 0  # sequences per optimizer step
     micro_batch: int = 1
     train_tokens: float | None = None
-    attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2-class kernel) | unfused (scores materialised)
+    attention_kernel: str = "flash"  # flash | flash2 / flash1 (FlashAttention-2 / -1-class kernel) | unfused (scores materialised)
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cross_entropy: str = "fused"     # CROSS_ENTROPIES
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
@@ -1221,6 +1221,10 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         raise wl_sec.err("fp8_attention", f"{cluster.instance.name}: the catalog has no fp8 attention figure for "
                          f"{acc.name} (expected an accelerator with efficiency.attention_fp8 in "
                          "hardware_catalog/accelerators.yaml, or fp8_attention: false)")
+    if workload.attention_kernel == "flash1" and not acc.attention_flash1_efficiency:
+        raise wl_sec.err("attention_kernel", f"flash1 on {cluster.instance.name}: the catalog has no "
+                         f"FlashAttention-1-class figure for {acc.name} (expected an accelerator with "
+                         "efficiency.attention_flash1 in hardware_catalog/accelerators.yaml, or another kernel)")
 
     # Megatron-LM shards attention heads over TP ranks; KV heads are split when tp divides them and
     # replicated when kv_heads < tp (Megatron core, TransformerConfig num_query_groups).

@@ -521,6 +521,25 @@ def test_flash2_attention_is_slower_on_hopper_and_the_same_where_fa2_is_the_best
     assert slow > fast
 
 
+def test_flash1_attention_is_slower_than_flash2_and_refused_where_the_catalog_has_no_figure():
+    from fmsim.model.ops import Roofline
+
+    cat = fmsim.load_catalog()
+    for name in ("a100-80gb", "h100-sxm"):
+        acc = cat.accelerator(name)
+        assert Roofline.of(acc, "bf16", "flash1").attn_flop_per_s == pytest.approx(
+            acc.peak("bf16") * acc.attention_flash1_efficiency)
+        assert Roofline.of(acc, "bf16", "flash1").attn_flop_per_s < Roofline.of(acc, "bf16", "flash2").attn_flop_per_s
+    flash2 = fmsim.estimate(scenario(**{"workload.attention_kernel": "flash2"})).metrics["step_time_s"]
+    flash1 = fmsim.estimate(scenario(**{"workload.attention_kernel": "flash1"})).metrics["step_time_s"]
+    assert flash1 > flash2
+    assert not cat.accelerator("b200").attention_flash1_efficiency
+    with pytest.raises(fmsim.ConfigError) as exc:
+        scenario(**{"workload.attention_kernel": "flash1", "cluster.instance": "p6-b200.48xlarge"})
+    assert exc.value.field == "workload.attention_kernel" and "no FlashAttention-1-class figure for b200" in \
+        exc.value.message
+
+
 def test_overlapped_tp_comm_costs_its_sms_but_never_more_than_exposing_it():
     on = build_plan(scenario(**{"parallelism.overlap.tp_comm": True}))
     off = build_plan(scenario(**{"parallelism.overlap.tp_comm": False}))

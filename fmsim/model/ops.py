@@ -58,7 +58,7 @@ class Shard:
     ep: int = 1
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
-    attention_kernel: str = "flash"  # flash | flash2 (FlashAttention-2 class) | unfused (materialised scores)
+    attention_kernel: str = "flash"  # flash | flash2 / flash1 (FlashAttention-2 / -1 class) | unfused (materialised scores)
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
@@ -183,6 +183,10 @@ class Roofline:
             # a FlashAttention-2-class kernel (FA2, its Triton ports): the chip's best fused attention
             # where that is what FA2 is (Ampere), a separate figure where newer kernels pulled ahead
             attn_eff = acc.attention_flash2_efficiency or attn_eff
+        elif attention_kernel == "flash1":
+            # a FlashAttention-1-class kernel (FA1, the 2022 Triton FlashAttention): its own figure,
+            # which the scenario checked the chip has
+            attn_eff = acc.attention_flash1_efficiency
         attn_rate = acc.peak(act_precision) * attn_eff
         if fp8_attention:
             # the fused kernel in fp8, forward and backward (the caller checked the chip has the figure)
