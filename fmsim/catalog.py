@@ -82,7 +82,7 @@ class Accelerator:
     hbm_efficiency: float                         # achievable fraction of HBM bandwidth (streaming)
     attention_efficiency: float = 0.0             # fused (flash) attention fwd+bwd fraction of peak; 0 = gemm's
     attention_flash2_efficiency: float = 0.0      # FlashAttention-2-class kernels (FA2, Triton ports); 0 = attention's
-    attention_flash1_efficiency: float = 0.0      # FlashAttention-1-class kernels (FA1, 2022 Triton); 0 = unknown
+    attention_flash1_efficiency: float = 0.0      # FlashAttention-1 class (FA1, 2022 Triton); 0 = unknown
     attention_forward_efficiency: float = 0.0     # causal attention forward only (serving prefill); 0 = gemm bf16's
     attention_fp8_efficiency: float = 0.0         # fused attention fwd+bwd in fp8, fraction of the fp8 peak; 0 = unknown
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown

@@ -311,7 +311,8 @@ class Workload:
     global_batch: int = 0  # sequences per optimizer step
     micro_batch: int = 1
     train_tokens: float | None = None
-    attention_kernel: str = "flash"  # flash | flash2 / flash1 (FlashAttention-2 / -1-class kernel) | unfused (scores materialised)
+    #: flash | flash2 / flash1 (FlashAttention-2 / -1-class kernel) | unfused (scores materialised)
+    attention_kernel: str = "flash"
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cross_entropy: str = "fused"     # CROSS_ENTROPIES
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
@@ -1224,7 +1225,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     if workload.attention_kernel == "flash1" and not acc.attention_flash1_efficiency:
         raise wl_sec.err("attention_kernel", f"flash1 on {cluster.instance.name}: the catalog has no "
                          f"FlashAttention-1-class figure for {acc.name} (expected an accelerator with "
-                         "efficiency.attention_flash1 in hardware_catalog/accelerators.yaml, or another kernel)")
+                         "efficiency.attention_flash1 in hardware_catalog/accelerators.yaml, "
+                         "or another kernel)")
 
     # Megatron-LM shards attention heads over TP ranks; KV heads are split when tp divides them and
     # replicated when kv_heads < tp (Megatron core, TransformerConfig num_query_groups).

@@ -393,8 +393,9 @@ def test_b200_low_precision_gemm_efficiencies_re_derive_from_the_recorded_trtllm
 
 
 def _read_back(cat: Catalog, instance: str, mapping: dict, metric: str, measured: float, field: str) -> float:
-    """The value of the accelerator figure ``field`` at which the estimate of scenario ``mapping`` on ``instance``
-    gives ``measured`` for ``metric``: a catalog efficiency read back through the model from a published run."""
+    """The value of the accelerator figure ``field`` at which the estimate of scenario ``mapping`` on
+    ``instance`` gives ``measured`` for ``metric``: a catalog efficiency read back through the model from a
+    published run."""
     import dataclasses
 
     from scipy.optimize import brentq
@@ -406,19 +407,22 @@ def _read_back(cat: Catalog, instance: str, mapping: dict, metric: str, measured
 
     def gap(eff: float) -> float:
         acc = dataclasses.replace(inst.accelerator, **{field: eff})
-        trial = dataclasses.replace(cat, instances={**cat.instances, instance: dataclasses.replace(inst, accelerator=acc)})
+        trial = dataclasses.replace(cat, instances={**cat.instances,
+                                                    instance: dataclasses.replace(inst, accelerator=acc)})
         return fmsim.estimate(scenario_from_mapping(mapping, catalog=trial)).metrics[metric] - measured
 
     return brentq(gap, 0.05, 1.0, xtol=1e-4)
 
 
-def _check_read_backs(cat: Catalog, derived: dict[str, list[float]], counts: dict[str, int], field: str) -> None:
+def _check_read_backs(cat: Catalog, derived: dict[str, list[float]], counts: dict[str, int],
+                      field: str) -> None:
     """Each instance's accelerator carries the median of its read-back values of ``field``, to 0.01."""
     import statistics
 
     assert {k: len(v) for k, v in derived.items()} == counts
     for name, values in derived.items():
-        assert statistics.median(values) == pytest.approx(getattr(cat.instance(name).accelerator, field), abs=0.01), name
+        figure = getattr(cat.instance(name).accelerator, field)
+        assert statistics.median(values) == pytest.approx(figure, abs=0.01), name
 
 
 def test_training_attention_efficiencies_re_derive_from_nvidia_long_sequence_tables():
@@ -456,35 +460,38 @@ LLMFOUNDRY_READ_BACK_SEQ = 32768
 
 
 def _llmfoundry_rows() -> list[dict]:
-    """MosaicML llm-foundry's benchmark rows (hardware_catalog/measurements/llmfoundry_mpt.csv), each with the
-    scenario mapping of its run: the benchmark yaml's architecture, FSDP full shard, its micro-batch and batch,
-    activation checkpointing as the row says, the Triton FlashAttention its harness runs (flash1)."""
+    """MosaicML llm-foundry's benchmark rows (hardware_catalog/measurements/llmfoundry_mpt.csv), each with
+    the scenario mapping of its run: the benchmark yaml's architecture, FSDP full shard, its micro-batch and
+    batch, activation checkpointing as the row says, the Triton FlashAttention its harness runs (flash1)."""
     import csv
 
     path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "llmfoundry_mpt.csv"
     rows = [r for r in csv.DictReader(line for line in path.open() if not line.startswith("#"))]
     for r in rows:
         seq, hidden, heads = int(r["seq_len"]), int(r["hidden"]), int(r["heads"])
+        model = {"name": r["model"], "layers": int(r["layers"]), "hidden": hidden, "heads": heads,
+                 "kv_heads": heads, "ffn_hidden": 4 * hidden, "activation": "gelu", "vocab": 50368,
+                 "tied_embeddings": True, "attention": "mha", "norm": "layernorm",
+                 "position_embedding": "learned", "max_seq_len": seq}
+        recompute = "full" if r["activation_checkpointing"] == "true" else "none"
         r["mapping"] = {
             "version": 1, "name": "llm-foundry",
-            "workload": {"kind": "pretrain", "precision": "bf16", "seq_len": seq, "attention_kernel": "flash1",
-                         "global_batch": int(r["global_batch"]), "micro_batch": int(r["micro_batch"]),
-                         "model": {"name": r["model"], "layers": int(r["layers"]), "hidden": hidden, "heads": heads,
-                                   "kv_heads": heads, "ffn_hidden": 4 * hidden, "activation": "gelu", "vocab": 50368,
-                                   "tied_embeddings": True, "attention": "mha", "norm": "layernorm",
-                                   "position_embedding": "learned", "max_seq_len": seq}},
-            "parallelism": {"zero": 3, "recompute": "full" if r["activation_checkpointing"] == "true" else "none"},
+            "workload": {"kind": "pretrain", "precision": "bf16", "seq_len": seq, "model": model,
+                         "attention_kernel": "flash1", "global_batch": int(r["global_batch"]),
+                         "micro_batch": int(r["micro_batch"])},
+            "parallelism": {"zero": 3, "recompute": recompute},
             "cluster": {"instance": r["instance"], "gpus": int(r["gpus"])},
         }
     return rows
 
 
 def test_flash1_attention_efficiencies_re_derive_from_llm_foundry_long_sequence_rows():
-    """The catalog's FlashAttention-1-class figures (A100, H100) are what MosaicML's llm-foundry benchmark tables say
-    once read back through the model: for each attention-bound row (32K tokens and longer) the attention_flash1
-    efficiency at which the estimated tokens/s per GPU equals the published one, median per chip. The same die
-    carries the same figure (A100 40 and 80 GB -- the 40 GB table, another cluster, reads back to it as well --
-    H100 and H200), and FlashAttention-2's A100 figure is about twice it, as the FlashAttention-2 paper says."""
+    """The catalog's FlashAttention-1-class figures (A100, H100) are what MosaicML's llm-foundry benchmark
+    tables say once read back through the model: for each attention-bound row (32K tokens and longer) the
+    attention_flash1 efficiency at which the estimated tokens/s per GPU equals the published one, median per
+    chip. The same die carries the same figure (A100 40 and 80 GB -- the 40 GB table, another cluster, reads
+    back to it as well -- H100 and H200), and FlashAttention-2's A100 figure is about twice it, as the
+    FlashAttention-2 paper says."""
     cat = load_catalog()
     rows = _llmfoundry_rows()
     assert len(rows) == 96
@@ -496,17 +503,19 @@ def test_flash1_attention_efficiencies_re_derive_from_llm_foundry_long_sequence_
                 "attention_flash1_efficiency"))
     _check_read_backs(cat, derived, {"dgx-h100": 8, "dgx-a100-80gb": 8, "dgx-a100-40gb": 3},
                       "attention_flash1_efficiency")
-    assert cat.accelerator("h200").attention_flash1_efficiency == cat.accelerator("h100-sxm").attention_flash1_efficiency
+    h100, h200 = cat.accelerator("h100-sxm"), cat.accelerator("h200")
+    assert h200.attention_flash1_efficiency == h100.attention_flash1_efficiency
     a100, a100_40 = cat.accelerator("a100-80gb"), cat.accelerator("a100-40gb")
     assert a100_40.attention_flash1_efficiency == a100.attention_flash1_efficiency
     assert a100.attention_efficiency / a100.attention_flash1_efficiency == pytest.approx(2.0, abs=0.1)
 
 
 def test_llm_foundry_rows_the_read_back_did_not_use_stay_within_their_measured_bands():
-    """The 77 llm-foundry rows shorter than the read-back's (512 to 16K tokens, 760M to 70B, 8 to 64 GPUs; MPT-01,
-    -03 and -04 of the validation set among them) were not used to choose any figure: a guard on how the model
-    generalizes over one harness. Measured 2026-11-30: median |error| A100 7.2 %, H100 12.0 % (H100 runs faster in
-    the model than the 2023 stack ran it at every size; with the FlashAttention-2 figure they were 13.7 / 20.0 %)."""
+    """The 77 llm-foundry rows shorter than the read-back's (512 to 16K tokens, 760M to 70B, 8 to 64 GPUs;
+    MPT-01, -03 and -04 of the validation set among them) were not used to choose any figure: a guard on how
+    the model generalizes over one harness. Measured 2026-11-30: median |error| A100 7.2 %, H100 12.0 % (H100
+    runs faster in the model than the 2023 stack ran it at every size; with the FlashAttention-2 figure they
+    were 13.7 / 20.0 %)."""
     import statistics
 
     import fmsim
@@ -516,7 +525,8 @@ def test_llm_foundry_rows_the_read_back_did_not_use_stay_within_their_measured_b
     errors: dict[str, list[float]] = {}
     for r in _llmfoundry_rows():
         if int(r["seq_len"]) < LLMFOUNDRY_READ_BACK_SEQ:
-            got = fmsim.estimate(scenario_from_mapping(r["mapping"], catalog=cat)).metrics["tokens_per_s_per_gpu"]
+            sc = scenario_from_mapping(r["mapping"], catalog=cat)
+            got = fmsim.estimate(sc).metrics["tokens_per_s_per_gpu"]
             errors.setdefault(r["instance"], []).append(abs(got / float(r["tokens_per_s_per_gpu"]) - 1.0))
     assert {k: len(v) for k, v in errors.items()} == {"dgx-h100": 44, "dgx-a100-80gb": 33}
     assert statistics.median(errors["dgx-a100-80gb"]) < 0.08

@@ -58,7 +58,8 @@ class Shard:
     ep: int = 1
     sequence_parallel: bool = True
     precision: str = "bf16"          # math of the linear layers (fp8 runs GEMMs in fp8, the rest in bf16)
-    attention_kernel: str = "flash"  # flash | flash2 / flash1 (FlashAttention-2 / -1 class) | unfused (materialised scores)
+    #: flash | flash2 / flash1 (FlashAttention-2 / -1 class) | unfused (materialised scores)
+    attention_kernel: str = "flash"
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
