@@ -603,10 +603,10 @@ def _field_text(name: str, value: Any) -> str:
             return format_quantity(value, "bytes_per_s")
         if name.endswith("_bytes"):
             return format_quantity(value, "bytes")
+        if "flop_per_s" in name:        # before the "_s" of durations: a rate, not seconds
+            return format_quantity(value, "flop_per_s")
         if name.endswith("_s"):
             return format_quantity(value, "s")
-        if "flop_per_s" in name:
-            return format_quantity(value, "flop_per_s")
         return f"{value:g}"
     return str(value)
 

@@ -125,6 +125,7 @@ def test_catalog_tables(capsys, table, expect):
     [
         ("p5.48xlarge", "num_accelerators: 8"),
         ("h100-sxm", "hbm_bytes"),
+        ("h100-sxm", "bf16: 989 TFLOP/s"),          # a rate: its name ends in _s, but it is no duration
         ("llama3-70b", "parameters (computed)"),
         ("efa-v2", "kind: efa"),
     ],
