@@ -159,6 +159,14 @@ def parse_quantity(text: object, dimension: str) -> float:
         raise ValueError(f"unknown dimension {dimension!r}") from None
 
 
+def _significant(value: float, digits: int) -> str:
+    """``value`` to ``digits`` significant figures, in positional notation: a number past the largest
+    unit (8 years of training in days, 2,000 PiB) keeps its digits with separators rather than
+    turning into ``2.91e+03``."""
+    text = f"{value:.{digits}g}"
+    return f"{value:,.0f}" if "e" in text else text
+
+
 def format_quantity(value: float, dimension: str, digits: int = 3) -> str:
     """Human form of an SI value: ``format_quantity(8.6e10, 'bytes') == '80.1 GiB'``."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -170,17 +178,17 @@ def format_quantity(value: float, dimension: str, digits: int = 3) -> str:
         for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0), ("ms", 1e-3),
                             ("us", 1e-6), ("ns", 1e-9)):
             if a >= scale or unit == "ns":
-                return f"{value / scale:.{digits}g} {unit}"
+                return f"{_significant(value / scale, digits)} {unit}"
     if dimension == "bytes":
         for unit, scale in (("PiB", 2.0**50), ("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20),
                             ("KiB", 2.0**10), ("B", 1.0)):
             if abs(value) >= scale or unit == "B":
-                return f"{value / scale:.{digits}g} {unit}"
+                return f"{_significant(value / scale, digits)} {unit}"
     suffix = {"bytes_per_s": "B/s", "flop_per_s": "FLOP/s", "flop": "FLOP", "count": "", "usd": ""}.get(
         dimension, "")
     if dimension == "usd":
         return f"${value:,.2f}"
     for p, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0)):
         if abs(value) >= scale or p == "":
-            return f"{value / scale:.{digits}g} {p}{suffix}".strip()
+            return f"{_significant(value / scale, digits)} {p}{suffix}".strip()
     return str(value)  # pragma: no cover

@@ -179,6 +179,9 @@ def test_parse_quantity_dispatches_on_dimension():
         (3.35e12, "bytes_per_s", "3.35 TB/s"),
         (989e12, "flop_per_s", "989 TFLOP/s"),
         (1234.5, "usd", "$1,234.50"),
+        (2.514e8, "s", "2,910 d"),                      # past the largest unit: digits, not 2.91e+03
+        (999.7, "s", "16.7 min"),
+        (5e21, "flop", "5,000 EFLOP"),
         (None, "s", "-"),
         (float("nan"), "bytes", "-"),
     ],
