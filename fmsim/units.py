@@ -164,7 +164,7 @@ def _significant(value: float, digits: int) -> str:
     unit (8 years of training in days, 2,000 PiB) keeps its digits with separators rather than
     turning into ``2.91e+03``."""
     text = f"{value:.{digits}g}"
-    return f"{value:,.0f}" if "e" in text else text
+    return f"{value:,.0f}" if "e+" in text else text
 
 
 def format_quantity(value: float, dimension: str, digits: int = 3) -> str:

@@ -182,6 +182,7 @@ def test_parse_quantity_dispatches_on_dimension():
         (2.514e8, "s", "2,910 d"),                      # past the largest unit: digits, not 2.91e+03
         (999.7, "s", "16.7 min"),
         (5e21, "flop", "5,000 EFLOP"),
+        (2e-5, "count", "2e-05"),                        # far below one stays in exponent form, not "0"
         (None, "s", "-"),
         (float("nan"), "bytes", "-"),
     ],
