@@ -163,6 +163,7 @@ PARALLELISM_KEYS = (
     "sequence_parallel",
     "recompute",
     "recompute_modules",
+    "recompute_layers",
     "zero",
     "dp_shard",
     "grad_bucket",
@@ -242,6 +243,10 @@ class Parallelism:
     recompute: str = "none"
     # the modules `selective` recomputes (RECOMPUTE_MODULES); () unless recompute is selective
     recompute_modules: tuple[str, ...] = ()
+    # with recompute: full, only the first this many layers of each virtual stage are recomputed, the
+    # rest keep their activations (Megatron-LM --recompute-method block --recompute-num-layers N;
+    # torchtitan's every-k-th-layer checkpointing holds as many); 0 = every layer
+    recompute_layers: int = 0
     zero: int = 0
     # hybrid sharding (PyTorch FSDP HYBRID_SHARD / torchtitan's dp_shard x dp_replicate, Megatron-Core's
     # --num-distributed-optimizer-instances): ZeRO shards over groups of dp_shard data-parallel ranks and
@@ -1360,6 +1365,16 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         if len(set(raw)) != len(raw):
             raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
         modules = tuple(raw)
+    recompute_layers = ps.integer("recompute_layers", 0, minimum=1) if ps.has("recompute_layers") else 0
+    if recompute_layers:
+        if recompute != "full":
+            raise ps.err("recompute_layers", f"given with recompute: {recompute} (expected recompute: full; "
+                         "recompute_layers picks how many layers of each virtual stage full recompute covers)")
+        most = -(-model.layers // (pp * vpp))
+        if recompute_layers > most:
+            raise ps.err("recompute_layers", f"{recompute_layers} exceeds the {most} layers of a virtual stage "
+                         f"({model.layers} layers over pp {pp} x vpp {vpp}; expected 1..{most}, or omit it to "
+                         "recompute every layer)")
     param_gather = ps.choice("param_gather_precision", PARAM_GATHER_PRECISIONS, "bf16")
     offload = ps.integer("offload_activations", 0, minimum=0)
     if offload:
@@ -1414,6 +1429,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         sequence_parallel=ps.boolean("sequence_parallel", False),
         recompute=recompute,
         recompute_modules=modules,
+        recompute_layers=recompute_layers,
         zero=zero,
         dp_shard=_dp_shard(ps, dp=dp, zero=zero, ep=ep),
         grad_bucket=_grad_bucket(ps),
@@ -1781,6 +1797,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "sequence_parallel": par.sequence_parallel,
         "recompute": par.recompute,
         **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
+        **({"recompute_layers": par.recompute_layers} if par.recompute_layers else {}),
         "zero": par.zero,
         **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
         **({"grad_bucket": {0: "unit", GRAD_BUCKET_MEGATRON: "megatron"}.get(par.grad_bucket, par.grad_bucket)}

@@ -538,6 +538,16 @@ def test_a_recompute_knob_away_from_selective_drops_the_base_files_recompute_mod
     assert kept.parallelism.recompute_modules == ("mla_up_proj",)
 
 
+def test_a_recompute_or_pipeline_knob_drops_the_base_files_recompute_layers():
+    text = (ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml").read_text()
+    text = text.replace("recompute: selective", "recompute: full\n  recompute_layers: 2")
+    assert logic.load_base(text, "f.yaml").parallelism.recompute_layers == 2
+    for knobs in ((("parallelism.recompute", "selective"),), (("parallelism.vpp", 2),)):
+        assert logic.whatif_scenario(text, "f.yaml", knobs).parallelism.recompute_layers == 0
+    assert logic.whatif_scenario(text, "f.yaml", (("parallelism.tp", 4), ("parallelism.dp", 4))
+                                 ).parallelism.recompute_layers == 2
+
+
 def test_a_precision_knob_away_from_fp8_drops_the_fp8_parameter_gather():
     text = (ROOT / "scenarios" / "validation" / "training" / "mlpv51-405b-01.yaml").read_text()
     assert logic.load_base(text, "f.yaml").parallelism.param_gather_precision == "fp8"

@@ -144,6 +144,12 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     if knobs.get("parallelism.recompute", base.parallelism.recompute) != "selective":
         # the modules belong to selective recompute: a knob that leaves it drops them
         par.pop("recompute_modules", None)
+    if (knobs.get("parallelism.recompute", base.parallelism.recompute) != "full"
+            or knobs.get("parallelism.pp", base.parallelism.pp) != base.parallelism.pp
+            or knobs.get("parallelism.vpp", base.parallelism.vpp) != base.parallelism.vpp):
+        # a layer count per virtual stage of full recompute: a knob that leaves full recompute or changes
+        # the virtual stages drops it (every layer recomputes again)
+        par.pop("recompute_layers", None)
     if knobs.get("workload.precision", base.workload.precision) not in ("fp8", "fp4"):
         # an fp8 weight copy belongs to an fp8/fp4 recipe: a precision knob that leaves one drops it
         par.pop("param_gather_precision", None)

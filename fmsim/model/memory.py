@@ -173,13 +173,14 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
                     frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0,
-                    act_input_bytes: float = 2.0) -> MemoryBreakdown:
+                    act_input_bytes: float = 2.0, recomputed: frozenset[int] | None = None) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
     their forward and come back for their backward (Megatron-Core's CPU offloading, which offloads the
     first layers: the last ones are needed first); one offloaded layer's activations are in transit
-    on the device at a time."""
+    on the device at a time. ``recomputed``: with ``recompute`` full, the layers that recompute (keeping
+    only their input); the others keep every activation. None = every layer."""
     dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
     dense_params += tp * model.replicated_kv_params(tp) * len(stage_layers)   # K/V heads copied over tp > kv_heads
@@ -193,14 +194,21 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
-    # a layer's stored activations depend only on its kind (dense or MoE MLP): price each kind once
-    by_kind = {model.is_moe_layer(one): layer_activation_bytes(
+    def mode(i: int) -> str:
+        return recompute if recomputed is None or i in recomputed else "none"
+
+    # a layer's stored activations depend only on its kind (dense or MoE MLP) and whether it
+    # recomputes: price each pair once
+    first_of: dict[tuple[bool, str], int] = {}
+    for i in stage_layers:
+        first_of.setdefault((model.is_moe_layer(i), mode(i)), i)
+    by_kind = {kind: layer_activation_bytes(
         model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
-        recompute=recompute, ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
+        recompute=kind[1], ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
         gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load,
         act_input_bytes=act_input_bytes)
-        for one, _ in model.layer_kinds(stage_layers)}
-    per_layer = [by_kind[model.is_moe_layer(i)] for i in stage_layers]
+        for kind, one in first_of.items()}
+    per_layer = [by_kind[(model.is_moe_layer(i), mode(i))] for i in stage_layers]
     off = per_layer[:offload_layers]
     per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)

@@ -116,6 +116,7 @@ class Plan:
     hbm_bytes: float
     straggler_cv: float = 0.0
     recompute_modules: tuple[str, ...] = ()       # what selective recompute runs again
+    recompute_share: float = 1.0                  # share of the layers full recompute covers (block method)
     offload_layers: int = 0                       # layers whose activations wait in host memory
     overlap_pp_comm: bool = False                 # pipeline sends beside compute (else a stage waits for its own)
 
@@ -282,7 +283,8 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                       pp: int, vpp: int, frozen_weights: bool = False, tp_async: bool = True,
                       rs_dgrad: bool = False,
                       recompute_modules: tuple[str, ...] = ("core_attn",),
-                      offload_s: Mapping[int, float] | None = None) -> tuple[StageCost, ...]:
+                      offload_s: Mapping[int, float] | None = None,
+                      recomputed: frozenset[int] | None = None) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
@@ -291,22 +293,26 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     ``offload_s``: per offloaded layer, the seconds its activations take over the host link one way.
     The copy runs on its own stream beside the next layer's pass (Transformer Engine's double-buffered
     offload: out after the layer's forward, back ahead of its backward); what the pass cannot cover
-    waits in the open, filed under ``offload``."""
+    waits in the open, filed under ``offload``.
+
+    ``recomputed``: with ``recompute`` full, the layers that recompute (the others keep their
+    activations: Megatron-LM's block method); None = every layer."""
     rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention)
     offload_s = offload_s or {}
-    per_layer: dict[tuple[bool, bool], _Piece] = {}
+    per_layer: dict[tuple[bool, bool, bool, str], _Piece] = {}
 
     def layer_piece(i: int) -> _Piece:
         moe = model.is_moe_layer(i)
-        key = (moe, bool(model.moe and model.moe.dense_ffn_hidden and not moe), model.is_windowed_layer(i))
+        mode = recompute if recomputed is None or i in recomputed else "none"
+        key = (moe, bool(model.moe and model.moe.dense_ffn_hidden and not moe), model.is_windowed_layer(i), mode)
         if key not in per_layer:
             attn, mlp = layer_forward(model, i, shard, rf)
             fwd = PassCost()
             fwd.add(attn)
             fwd.add(mlp)
-            if recompute == "full":
+            if mode == "full":
                 rec, extra = fwd, 0.0
-            elif recompute == "selective":
+            elif mode == "selective":
                 # the checkpointed modules run their forward again: by default the attention core
                 # only (Korthikanti et al. 2022 §5); Megatron-Core's --recompute-modules add the
                 # MLP or MoE block, the experts' activation, the norms, MLA's up-projections ...
@@ -436,6 +442,9 @@ def build_plan(sc) -> Plan:
     shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order,
                         expert_tp=etp))
     layers = split_layers(model.layers, pp, vpp)
+    # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
+    recomputed = frozenset(i for chunk in layers for i in chunk[:par.recompute_layers]) \
+        if par.recompute == "full" and par.recompute_layers else None
     shard = Shard(micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp, ep=ep,
                   sequence_parallel=par.sequence_parallel and tp > 1, precision=w.precision,
                   attention_kernel=w.attention_kernel, fp8_attention=w.fp8_attention,
@@ -464,7 +473,7 @@ def build_plan(sc) -> Plan:
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, rs_dgrad=par.overlap.tp_rs_dgrad,
                                recompute_modules=par.recompute_modules,
-                               frozen_weights=w.lora_rank > 0, offload_s=offload_s)
+                               frozen_weights=w.lora_rank > 0, offload_s=offload_s, recomputed=recomputed)
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     if not par.gradient_accumulation_fusion:
@@ -551,7 +560,7 @@ def build_plan(sc) -> Plan:
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
                                    gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
                                    offload_layers=par.offload_activations, moe_load=w.moe_load,
-                                   act_input_bytes=act_in)
+                                   act_input_bytes=act_in, recomputed=recomputed)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
@@ -574,6 +583,7 @@ def build_plan(sc) -> Plan:
         dp_buckets=tuple(buckets), dp_gather_s=tuple(gathers), optimizer_s=tuple(opt),
         memory=tuple(mem), hbm_bytes=acc.hbm_bytes,
         straggler_cv=cl.straggler_cv, recompute_modules=par.recompute_modules,
+        recompute_share=len(recomputed) / model.layers if recomputed is not None else 1.0,
         offload_layers=par.offload_activations,
     )
 

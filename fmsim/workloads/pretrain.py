@@ -468,7 +468,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         model_flops = model_flops_per_step(plan.model, plan.seq_len, plan.global_batch, "nemo")
         forward_flops = model_flops / 3.0
     if plan.recompute == "full":
-        hw_flops = model_flops + forward_flops
+        hw_flops = model_flops + forward_flops * plan.recompute_share
     elif plan.recompute == "selective":
         core = "core_attn" in plan.recompute_modules
         hw_flops = model_flops + (plan.tokens_per_step * attention_flops_per_token(plan.model, plan.seq_len,
