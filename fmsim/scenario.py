@@ -1369,12 +1369,12 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     if recompute_layers:
         if recompute != "full":
             raise ps.err("recompute_layers", f"given with recompute: {recompute} (expected recompute: full; "
-                         "recompute_layers picks how many layers of each virtual stage full recompute covers)")
+                         "it picks how many layers of each virtual stage full recompute covers)")
         most = -(-model.layers // (pp * vpp))
         if recompute_layers > most:
-            raise ps.err("recompute_layers", f"{recompute_layers} exceeds the {most} layers of a virtual stage "
-                         f"({model.layers} layers over pp {pp} x vpp {vpp}; expected 1..{most}, or omit it to "
-                         "recompute every layer)")
+            raise ps.err("recompute_layers", f"{recompute_layers} exceeds the {most} layers of a virtual "
+                         f"stage ({model.layers} layers over pp {pp} x vpp {vpp}; expected 1..{most}, or "
+                         "omit it to recompute every layer)")
     param_gather = ps.choice("param_gather_precision", PARAM_GATHER_PRECISIONS, "bf16")
     offload = ps.integer("offload_activations", 0, minimum=0)
     if offload:

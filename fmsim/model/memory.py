@@ -173,7 +173,8 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     grad_bytes: float = GRAD_BYTES, recompute_modules: tuple[str, ...] = (),
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
                     frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0,
-                    act_input_bytes: float = 2.0, recomputed: frozenset[int] | None = None) -> MemoryBreakdown:
+                    act_input_bytes: float = 2.0,
+                    recomputed: frozenset[int] | None = None) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
@@ -194,6 +195,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
+
     def mode(i: int) -> str:
         return recompute if recomputed is None or i in recomputed else "none"
 

@@ -304,7 +304,8 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     def layer_piece(i: int) -> _Piece:
         moe = model.is_moe_layer(i)
         mode = recompute if recomputed is None or i in recomputed else "none"
-        key = (moe, bool(model.moe and model.moe.dense_ffn_hidden and not moe), model.is_windowed_layer(i), mode)
+        wide = bool(model.moe and model.moe.dense_ffn_hidden and not moe)
+        key = (moe, wide, model.is_windowed_layer(i), mode)
         if key not in per_layer:
             attn, mlp = layer_forward(model, i, shard, rf)
             fwd = PassCost()
