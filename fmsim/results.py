@@ -19,6 +19,8 @@ TRAINING_COLUMNS = (
     "bottleneck", "pricing_option", "goodput", "checkpoint_write_s",
     # the rest of the plan, so a spreadsheet row says which plan it prices (2026-11-30)
     "vpp", "zero", "dp_shard", "micro_batch", "global_batch", "num_microbatches", "precision", "recompute",
+    # layers per virtual stage full recompute covers (parallelism.recompute_layers), empty when every one
+    "recompute_layers",
 )
 
 INFERENCE_COLUMNS = (

@@ -245,7 +245,7 @@ class Parallelism:
     recompute_modules: tuple[str, ...] = ()
     # with recompute: full, only the first this many layers of each virtual stage are recomputed, the
     # rest keep their activations (Megatron-LM --recompute-method block --recompute-num-layers N;
-    # torchtitan's every-k-th-layer checkpointing holds as many); 0 = every layer
+    # torchtitan's every-k-th-layer checkpointing holds as many); 0 = every layer (the default)
     recompute_layers: int = 0
     zero: int = 0
     # hybrid sharding (PyTorch FSDP HYBRID_SHARD / torchtitan's dp_shard x dp_replicate, Megatron-Core's
@@ -1365,7 +1365,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         if len(set(raw)) != len(raw):
             raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
         modules = tuple(raw)
-    recompute_layers = ps.integer("recompute_layers", 0, minimum=1) if ps.has("recompute_layers") else 0
+    recompute_layers = ps.integer("recompute_layers", 0, minimum=0)      # 0: every layer
     if recompute_layers:
         if recompute != "full":
             raise ps.err("recompute_layers", f"given with recompute: {recompute} (expected recompute: full; "

@@ -165,6 +165,21 @@ def test_the_shard_group_knob_runs_hybrid_sharding_as_the_api_does_and_explains_
     assert not at.error and shown(at)["Step time"] == logic.fmt_time(training_expect().metrics["step_time_s"])
 
 
+def test_the_recompute_layers_knob_runs_the_block_method_as_the_api_does_and_explains_a_bad_one():
+    # the bundled Llama 3 70B plan: 80 layers over pp 4 x vpp 5, four per virtual stage, selective recompute
+    at = open_page("1_Training.py")
+    assert at.number_input(key="train.recompute_layers").value == 0          # every layer
+    at.selectbox(key="train.recompute").set_value("full")
+    at.number_input(key="train.recompute_layers").set_value(2).run()
+    assert not at.exception and not at.error
+    res = training_expect({"parallelism.recompute": "full", "parallelism.recompute_layers": 2,
+                           "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    at.number_input(key="train.recompute_layers").set_value(5).run()
+    assert not at.exception
+    assert "parallelism.recompute_layers" in texts(at.error) and "one virtual stage" in texts(at.info)
+
+
 def test_the_moe_imbalance_knob_slows_an_moe_plan_as_the_api_does_and_is_refused_for_a_dense_one():
     at = open_page("1_Training.py")
     at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()

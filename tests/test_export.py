@@ -186,3 +186,9 @@ def test_a_training_row_names_the_plan_it_prices(tmp_path):
     write_csv([plain], out)
     header, row = read_csv(out)
     assert dict(zip(header, row))["dp_shard"] == ""
+    assert dict(zip(header, row))["recompute_layers"] == ""
+    block = simulate(load_scenario(examples / "llama3-70b-hsdp-p5.yaml",
+                                   overrides={"parallelism.recompute_layers": 10}))
+    write_csv([block], out)
+    header, row = read_csv(out)
+    assert (dict(zip(header, row))["recompute"], dict(zip(header, row))["recompute_layers"]) == ("full", "10")

@@ -1009,7 +1009,9 @@ def test_recompute_layers_need_full_recompute_and_fit_a_virtual_stage():
     with pytest.raises(fmsim.errors.ConfigError, match=r"5 exceeds the 4 layers of a virtual"):
         scenario(**{"parallelism.recompute": "full", "parallelism.recompute_layers": 5})
     with pytest.raises(fmsim.errors.ConfigError, match="recompute_layers"):
-        scenario(**{"parallelism.recompute": "full", "parallelism.recompute_layers": 0})
+        scenario(**{"parallelism.recompute": "full", "parallelism.recompute_layers": -1})
+    assert scenario(**{"parallelism.recompute": "full", "parallelism.recompute_layers": 0}) \
+        .parallelism.recompute_layers == 0                                     # 0: every layer, the default
     sc = scenario(**{"parallelism.recompute": "full", "parallelism.recompute_layers": 3})
     again = fmsim.scenario.scenario_from_mapping(fmsim.scenario.scenario_to_mapping(sc))
     assert again.parallelism.recompute_layers == 3

@@ -257,6 +257,10 @@ _HINTS_BY_FIELD = {
         "Pick a shard group that divides dp (GPUs / (tp x pp x cp)), with ZeRO 1-3 and ep 1, or 0 for "
         "all of dp."
     ),
+    "parallelism.recompute_layers": (
+        "Recompute layers apply with full recompute: pick at most the layers of one virtual stage "
+        "(layers / (pp x vpp)), or 0 for every layer."
+    ),
     "parallelism.ep": (
         "Expert parallelism needs an MoE model: pick an ep that divides the experts and the tp x cp x "
         "dp ranks of a stage (ep 1 for dense models)."

@@ -42,6 +42,7 @@ PATHS = {
     "grad_bucket": "parallelism.grad_bucket",
     "cp_comm": "parallelism.cp_comm",
     "recompute": "parallelism.recompute",
+    "recompute_layers": "parallelism.recompute_layers",
     "schedule": "parallelism.schedule",
     "sequence_parallel": "parallelism.sequence_parallel",
 }
@@ -75,6 +76,7 @@ def knob_defaults(sc, cat) -> dict:
         "grad_bucket": par.grad_bucket,
         "cp_comm": par.cp_comm,
         "recompute": par.recompute,
+        "recompute_layers": par.recompute_layers,
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
     }
@@ -184,6 +186,14 @@ def draw_knobs(defaults: dict, cat) -> None:
     c1, c2 = sb.columns(2)
     c1.selectbox("ZeRO stage", [0, 1, 2, 3], key=f"{P}.zero")
     c2.selectbox("Recompute", ["none", "selective", "full"], key=f"{P}.recompute")
+    sb.number_input(
+        "Recompute layers",
+        min_value=0,
+        step=1,
+        key=f"{P}.recompute_layers",
+        help="With full recompute: only the first this many layers of each virtual stage recompute, the rest "
+        "keep their activations (Megatron-LM's --recompute-method block); 0 = every layer.",
+    )
     c1, c2 = sb.columns(2)
     c1.selectbox("Schedule", ["1f1b", "interleaved", "gpipe"], key=f"{P}.schedule")
     c2.number_input(

@@ -505,6 +505,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         "vpp": plan.vpp, "zero": plan.zero, "dp_shard": sc.parallelism.shard_width if plan.zero else None,
         "micro_batch": plan.micro_batch, "global_batch": plan.global_batch,
         "num_microbatches": plan.num_microbatches, "precision": plan.precision, "recompute": plan.recompute,
+        "recompute_layers": sc.parallelism.recompute_layers or None,
     }
     det = dict(details)
     det["bottleneck"] = sentence
