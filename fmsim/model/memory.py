@@ -166,6 +166,12 @@ def stage_params(model: ModelSpec, layers: list[int], first: bool, last: bool, p
     return dense, expert
 
 
+def layer_recompute(recompute: str, recomputed: frozenset[int] | None, layer: int) -> str:
+    """How ``layer`` recomputes: the run's ``recompute``, or none for a layer outside ``recomputed`` (the
+    layers full recompute covers under Megatron-LM's block method; None = every layer)."""
+    return recompute if recomputed is None or layer in recomputed else "none"
+
+
 def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, last: bool,
                     micro_batch: int, seq_len: int, tp: int, pp: int, dp: int, cp: int, ep: int,
                     vpp: int, zero: int, sequence_parallel: bool, recompute: str, schedule: str,
@@ -195,22 +201,19 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
-
-    def mode(i: int) -> str:
-        return recompute if recomputed is None or i in recomputed else "none"
-
     # a layer's stored activations depend only on its kind (dense or MoE MLP) and whether it
     # recomputes: price each pair once
+    kinds = [(model.is_moe_layer(i), layer_recompute(recompute, recomputed, i)) for i in stage_layers]
     first_of: dict[tuple[bool, str], int] = {}
-    for i in stage_layers:
-        first_of.setdefault((model.is_moe_layer(i), mode(i)), i)
+    for kind, i in zip(kinds, stage_layers):
+        first_of.setdefault(kind, i)
     by_kind = {kind: layer_activation_bytes(
         model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
         recompute=kind[1], ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
         gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load,
         act_input_bytes=act_input_bytes)
         for kind, one in first_of.items()}
-    per_layer = [by_kind[(model.is_moe_layer(i), mode(i))] for i in stage_layers]
+    per_layer = [by_kind[kind] for kind in kinds]
     off = per_layer[:offload_layers]
     per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)

@@ -25,6 +25,7 @@ from ..model.memory import (
     WEIGHT_BYTES,
     MemoryBreakdown,
     layer_activation_bytes,
+    layer_recompute,
     stage_params,
     training_memory,
 )
@@ -303,7 +304,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
 
     def layer_piece(i: int) -> _Piece:
         moe = model.is_moe_layer(i)
-        mode = recompute if recomputed is None or i in recomputed else "none"
+        mode = layer_recompute(recompute, recomputed, i)
         wide = bool(model.moe and model.moe.dense_ffn_hidden and not moe)
         key = (moe, wide, model.is_windowed_layer(i), mode)
         if key not in per_layer:
