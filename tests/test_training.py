@@ -836,6 +836,26 @@ def test_lora_adapters_under_tensor_parallelism_exchange_their_activations():
     assert step["all-gather"] > step["all-to-all"]
 
 
+def test_a_row_parallel_adapter_writes_a_tp_th_of_its_update_per_rank():
+    """Beside a row-parallel layer (attention output, MLP down) B is column-parallel: each rank writes the
+    update's n/tp columns, and under sequence parallelism the update is added on the rank's m/tp rows
+    (Megatron-Bridge ParallelLinearAdapter). Per rank the adapter's work is then a tp-th of one GPU's; it
+    had been priced as the whole m×n update on every rank."""
+    from fmsim.model.ops import PassCost, Roofline, Shard, _adapter
+
+    model = lora().workload.model
+    rf = Roofline.of(fmsim.load_catalog().instance("p5.48xlarge").accelerator, "bf16")
+    m, h, ffn = 8192, model.hidden, model.ffn_hidden
+
+    def row_adapter_s(tp):
+        c = PassCost()
+        _adapter(c, rf, Shard(micro_batch=1, seq_len=m, tp=tp, sequence_parallel=tp > 1, lora_rank=16),
+                 m, h, ffn / tp, row=True)
+        return c.adapter_s
+
+    assert row_adapter_s(8) == pytest.approx(row_adapter_s(1) / 8, rel=0.03)
+
+
 def test_lora_dropout_adds_an_elementwise_pass_over_each_adapter_input():
     from fmsim.model.ops import Roofline, Shard, attention_forward
 

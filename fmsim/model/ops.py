@@ -269,8 +269,15 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
     if not sh.lora_rank:
         return
     r16 = rf.at_16bit()
-    r = sh.lora_rank
-    cost.adapter_s += r16.gemm(m, r, k)[0] + r16.gemm(m, n, r)[0] + rf.memory(3 * m * n)
+    r, t = sh.lora_rank, sh.tp
+    # each rank's share (Megatron-Bridge peft/utils.py ParallelLinearAdapter): beside a column-parallel
+    # layer A is column-parallel (m×r/tp, then gathered) and B's n columns are the layer's own split;
+    # beside a row-parallel layer A reduces the layer's split input and B, column-parallel, writes the
+    # rank's n/tp columns, which the exchange turns into the layer's output layout -- the sequence
+    # shard (m/tp rows) under SP, the whole m×n without -- where the update is added
+    a_cols, b_cols = (r, n / t) if row else (r / t, n)
+    out = m * n / t if row and sh.sequence_parallel else m * n
+    cost.adapter_s += r16.gemm(m, a_cols, k)[0] + r16.gemm(m, b_cols, r)[0] + rf.memory(3 * out)
     cost.kernels += 3
     if sh.lora_dropout:
         cost.memory_s += m * k * (2 * rf.act_bytes + 1) / rf.hbm_bytes_per_s
