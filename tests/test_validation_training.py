@@ -1,10 +1,11 @@
 """Training predictions against published measurements (scenarios/validation/training).
 
 Issue 4 sets the bar: median |error| <= 5 % and worst <= 15 % over the set, mean <= 4 % on the
-eight Korthikanti et al. 2022 Table 5 runs. The Korthikanti bound and the set's median are met and
-asserted. The worst-case bound is not met yet: it is kept as a strict xfail (it fails the suite the
-day it starts passing, so the marker is removed then), and a regression guard holds today's level
-so that no change can quietly make the set worse.
+eight Korthikanti et al. 2022 Table 5 runs. The Korthikanti bound is met and asserted. The set's
+median (met until 2026-12-01, 5.6 % since the A100 GEMM figure stopped being read back from a table
+with the layout of two of its rows) and the worst-case bound are not met: each is kept as a strict
+xfail (it fails the suite the day it starts passing, so the marker is removed then), and a
+regression guard holds today's level so that no change can quietly make the set worse.
 """
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-11-30): median 4.5 %, worst 26.4 % (MEG21T2-12; MLPv40-LORA-04 30.1 -> 20.4 % once the
-#: LoRA adapters' own TP collectives, its userbuffers switches and its FP8 attention were costed). Tighten when
-#: the physics improves.
-GUARD_MEDIAN_PCT = 5.0
+#: Today's level (2026-12-01): median 5.6 %, worst 25.9 % (MEG21T2-12). 2026-11-30 it was median 4.5 %, worst
+#: 26.4 % (MLPv40-LORA-04 30.1 -> 20.4 % once the LoRA adapters' own TP collectives, its userbuffers switches and
+#: its FP8 attention were costed); the median rose to 5.6 % when the A100 GEMM figure was taken from mamf-finder's
+#: measured sweep (0.87) instead of being read back from Korthikanti et al.'s Table 4 (0.84), which has the layout
+#: of two of the rows checked here. Tighten when the physics improves.
+GUARD_MEDIAN_PCT = 6.0
 GUARD_WORST_PCT = 27.0
 
 
@@ -96,19 +99,20 @@ def _layer_ms(sc, recompute: str, sp: bool) -> tuple[float, float]:
     return (a.fwd_s - b.fwd_s) * 1e3, (a.bwd_s - b.bwd_s) * 1e3
 
 
-def test_korthikanti_table4_layer_times_within_2_percent():
+def test_korthikanti_table4_layer_times_within_4_5_percent():
     # the per-layer times behind Table 5: the backward with its asynchronous TP collectives behind the
     # weight-gradient GEMMs (the paper's §6.2 explains its 39 % full-recompute overhead by them) and the
-    # unfused attention core's own backward. The A100 GEMM figure is read back from this table
-    # (tests/test_catalog_hardware.py), so this holds the operator model's shape across the five
-    # configurations, not its level. 2026-11-30: -0.7 .. +0.4 % (flash's 2.5x rule and in-line TP
-    # backward: +5.5 .. +10.5 %)
+    # unfused attention core's own backward. Since 2026-12-01 the A100 GEMM figure comes from mamf-finder's
+    # sweep, not from this table, so this holds the operator model's level as well as its shape across the
+    # five configurations: 2026-12-01 -0.9 .. -3.8 % each, -1.5 .. -2.9 % per forward + backward (with the
+    # figure read back from this table, 0.84: -0.7 .. +0.4 %; flash's 2.5x rule and in-line TP backward:
+    # +5.5 .. +10.5 %)
     sc = load_scenario(ROOT / "scenarios" / "validation" / "training" / "kor-01.yaml")
     for (recompute, sp), (fwd, bwd) in KORTHIKANTI_TABLE4_MS.items():
         f, b = _layer_ms(sc, recompute, sp)
-        assert f == pytest.approx(fwd, rel=0.02), (recompute, sp, f)
-        assert b == pytest.approx(bwd, rel=0.02), (recompute, sp, b)
-        assert f + b == pytest.approx(fwd + bwd, rel=0.01), (recompute, sp, f + b)
+        assert f == pytest.approx(fwd, rel=0.045), (recompute, sp, f)
+        assert b == pytest.approx(bwd, rel=0.045), (recompute, sp, b)
+        assert f + b == pytest.approx(fwd + bwd, rel=0.035), (recompute, sp, f + b)
 
 
 def test_training_validation_does_not_regress_past_todays_level():
@@ -117,6 +121,8 @@ def test_training_validation_does_not_regress_past_todays_level():
     assert s.worst_abs_pct <= GUARD_WORST_PCT, f"worst {s.worst_abs_pct:.1f} % ({s.worst.scenario})"
 
 
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met since 2026-12-01: median 5.6 % once the A100 GEMM "
+                                      "figure came from mamf-finder (0.87) rather than Korthikanti's Table 4 (0.84)")
 def test_training_validation_median_meets_the_issue_target():
     assert summarize(rows()).median_abs_pct <= 5.0
 
