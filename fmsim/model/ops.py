@@ -120,7 +120,8 @@ class PassCost:
     flops: float = 0.0
     comms: list[CommRequest] = field(default_factory=list)
     kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
-    adapter_s: float = 0.0           # LoRA adapter GEMMs and adds (trainable: full backward even when the base is frozen)
+    adapter_s: float = 0.0           # LoRA adapter GEMMs and elementwise passes (trainable even when the base is frozen)
+    adapter_bwd_s: float = 0.0       # their backward, priced beside the forward kernel by kernel (_adapter)
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
 
@@ -136,6 +137,7 @@ class PassCost:
         self.flops += other.flops * times
         self.kernels += other.kernels * times
         self.adapter_s += other.adapter_s * times
+        self.adapter_bwd_s += other.adapter_bwd_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
         for name, part in other.parts.items():
@@ -145,7 +147,8 @@ class PassCost:
         """A copy of the compute so far (no collectives, no parts), to take differences from."""
         return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, attention_bwd_s=self.attention_bwd_s,
                         memory_s=self.memory_s,
-                        flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s)
+                        flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s,
+                        adapter_bwd_s=self.adapter_bwd_s)
 
     def record(self, name: str, since: PassCost) -> None:
         """File the compute added since ``since`` (a :meth:`snapshot`) under module ``name``."""
@@ -157,6 +160,7 @@ class PassCost:
         part.flops += self.flops - since.flops
         part.kernels += self.kernels - since.kernels
         part.adapter_s += self.adapter_s - since.adapter_s
+        part.adapter_bwd_s += self.adapter_bwd_s - since.adapter_bwd_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,10 +247,16 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
 
 def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: float, *, row: bool = False) -> None:
     """LoRA adapter beside a frozen (m×k)·(k×n) GEMM: h = x·A·B added to the base output (Hu et al.
-    2021, eq. 3), A k×r and B r×n, in 16-bit (the low-precision recipes leave adapters out). Two thin
-    GEMMs, each bound by its HBM traffic -- reading x, writing the m×n update -- and the add (read
-    both outputs, write the sum). The adapters train, so their backward is the full 2x (data and weight
-    gradients) even when the base GEMM's is only its data gradient. ``sh.lora_dropout`` > 0 drops out the
+    2021, eq. 3), A k×r and B r×n, in 16-bit (the low-precision recipes leave adapters out), as
+    Megatron-Bridge's ``ParallelLinearAdapter`` runs it (src/megatron/bridge/peft/utils.py @03619215, and
+    NeMo's before it): two thin GEMMs, each bound by its HBM traffic -- reading x, writing the update --
+    the update scaled by alpha/r (``x * (alpha / dim)``: read and write it) and added to the base output
+    (read both, write the sum). The adapters train, so their backward computes data and weight gradients
+    even when the base GEMM's is only its data gradient, priced kernel by kernel (``adapter_bwd_s``): the
+    add hands its gradient to both branches as it is; the scale runs again; B's data and weight gradients
+    each read the m×n gradient; A's weight gradient reads x and its data gradient writes the m×k input
+    gradient, which is summed into the base layer's (read both, write one: Transformer Engine adds the
+    gathered norm output's gradient before its reduce-scatter, autograd sums the others). ``sh.lora_dropout`` > 0 drops out the
     adapter's input first (PEFT's ``lora_dropout``, NeMo's ``adapter_dropout`` at position "pre"): one more
     elementwise kernel reading x and writing it and its 1-byte mask.
 
@@ -264,7 +274,10 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
       B's output, split over the hidden dimension, returns to the sequence-parallel layout by
       ``sh.lora_exchange``: gathered whole and split (all-gather of m×n forward; the split's backward
       gathers the gradient), or one all-to-all of m×n/tp each way (``a2a_experimental``). Without
-      sequence parallelism it is gathered whole, and the backward only splits.
+      sequence parallelism it is gathered whole, and the backward only splits. Each exchange rearranges
+      what it moves in copies: the gather concatenates the m×n result along the hidden dimension, the split
+      and the all-to-all's chunks are made contiguous, and the backward does the same in reverse (Megatron
+      ``_gather_along_last_dim`` / ``_split_along_first_dim``, Megatron-Bridge ``_All2AllHp2Sp``).
     """
     if not sh.lora_rank:
         return
@@ -277,8 +290,22 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
     # shard (m/tp rows) under SP, the whole m×n without -- where the update is added
     a_cols, b_cols = (r, n / t) if row else (r / t, n)
     out = m * n / t if row and sh.sequence_parallel else m * n
-    cost.adapter_s += r16.gemm(m, a_cols, k)[0] + r16.gemm(m, b_cols, r)[0] + rf.memory(3 * out)
-    cost.kernels += 3
+    # the exchange's layout copies, (forward, backward) elements read and written: each copy reads and
+    # writes what it holds -- the rank's m×n/tp columns, the gathered m×n, the m/tp-row shard
+    copies = (0.0, 0.0)
+    if row and t > 1:
+        local, whole = m * b_cols, m * n
+        if not sh.sequence_parallel:
+            copies = (2 * whole, 2 * local)                    # gathered whole; the backward splits
+        elif sh.lora_exchange == "all-to-all":
+            copies = (2 * (local + out), 2 * (out + local))    # chunks made contiguous, then concatenated
+        else:
+            copies = (2 * (whole + out), 2 * (whole + local))  # gathered whole, the shard cut out; reversed
+    cost.adapter_s += r16.gemm(m, a_cols, k)[0] + r16.gemm(m, b_cols, r)[0] + rf.memory(5 * out + copies[0])
+    cost.adapter_bwd_s += (r16.gemm(m, r, b_cols)[0] + r16.gemm(r, b_cols, m)[0]       # B: data, weight gradient
+                           + r16.gemm(k, a_cols, m)[0] + r16.gemm(m, k, a_cols)[0]     # A: weight, data gradient
+                           + rf.memory(2 * out + 3 * m * k + copies[1]))               # scale; dx summed; copies
+    cost.kernels += 4 + (2 if copies[0] else 0)
     if sh.lora_dropout:
         cost.memory_s += m * k * (2 * rf.act_bytes + 1) / rf.hbm_bytes_per_s
         cost.kernels += 1
@@ -689,7 +716,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_bwd_s,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
-                    adapter_s=fwd.adapter_s * GEMM_BWD_FACTOR,
+                    adapter_s=fwd.adapter_bwd_s,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,
                     comms=comms)
