@@ -67,7 +67,8 @@ def _mamf_finder_bf16() -> dict[str, tuple[float, float]]:
     recorded in hardware_catalog/measurements/mamf_finder_bf16.csv."""
     import csv
 
-    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "mamf_finder_bf16.csv"
+    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / \
+        "mamf_finder_bf16.csv"
     out = {}
     for r in csv.DictReader(line for line in path.open() if not line.startswith("#")):
         for chip in MAMF_FINDER_CHIPS[r["accelerator"]]:

@@ -22,11 +22,11 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-12-01): median 5.6 %, worst 25.9 % (MEG21T2-12). 2026-11-30 it was median 4.5 %, worst
-#: 26.4 % (MLPv40-LORA-04 30.1 -> 20.4 % once the LoRA adapters' own TP collectives, its userbuffers switches and
-#: its FP8 attention were costed); the median rose to 5.6 % when the A100 GEMM figure was taken from mamf-finder's
-#: measured sweep (0.87) instead of being read back from Korthikanti et al.'s Table 4 (0.84), which has the layout
-#: of two of the rows checked here. Tighten when the physics improves.
+#: Today's level (2026-12-01): median 5.6 %, worst 25.9 % (MEG21T2-12). 2026-11-30 it was median 4.5 %,
+#: worst 26.4 % (MLPv40-LORA-04 30.1 -> 20.4 % once the LoRA adapters' own TP collectives, its userbuffers
+#: switches and its FP8 attention were costed); the median rose to 5.6 % when the A100 GEMM figure was taken
+#: from mamf-finder's measured sweep (0.87) instead of being read back from Korthikanti et al.'s Table 4
+#: (0.84), which has the layout of two of the rows checked here. Tighten when the physics improves.
 GUARD_MEDIAN_PCT = 6.0
 GUARD_WORST_PCT = 27.0
 
@@ -121,8 +121,8 @@ def test_training_validation_does_not_regress_past_todays_level():
     assert s.worst_abs_pct <= GUARD_WORST_PCT, f"worst {s.worst_abs_pct:.1f} % ({s.worst.scenario})"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not met since 2026-12-01: median 5.6 % once the A100 GEMM "
-                                      "figure came from mamf-finder (0.87) rather than Korthikanti's Table 4 (0.84)")
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met since 2026-12-01: median 5.6 % once the A100 "
+                   "GEMM figure came from mamf-finder (0.87) rather than Korthikanti's Table 4 (0.84)")
 def test_training_validation_median_meets_the_issue_target():
     assert summarize(rows()).median_abs_pct <= 5.0
 

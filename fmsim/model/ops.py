@@ -120,7 +120,7 @@ class PassCost:
     flops: float = 0.0
     comms: list[CommRequest] = field(default_factory=list)
     kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
-    adapter_s: float = 0.0           # LoRA adapter GEMMs and elementwise passes (trainable even when the base is frozen)
+    adapter_s: float = 0.0           # LoRA adapter GEMMs and elementwise passes (trainable, the base frozen)
     adapter_bwd_s: float = 0.0       # their backward, priced beside the forward kernel by kernel (_adapter)
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
@@ -256,9 +256,10 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
     add hands its gradient to both branches as it is; the scale runs again; B's data and weight gradients
     each read the m×n gradient; A's weight gradient reads x and its data gradient writes the m×k input
     gradient, which is summed into the base layer's (read both, write one: Transformer Engine adds the
-    gathered norm output's gradient before its reduce-scatter, autograd sums the others). ``sh.lora_dropout`` > 0 drops out the
-    adapter's input first (PEFT's ``lora_dropout``, NeMo's ``adapter_dropout`` at position "pre"): one more
-    elementwise kernel reading x and writing it and its 1-byte mask.
+    gathered norm output's gradient before its reduce-scatter, autograd sums the others).
+    ``sh.lora_dropout`` > 0 drops out the adapter's input first (PEFT's ``lora_dropout``, NeMo's
+    ``adapter_dropout`` at position "pre"): one more elementwise kernel reading x and writing it and its
+    1-byte mask.
 
     Under tensor parallelism the adapter is split like its base layer (NVIDIA NeMo's and Megatron-Bridge's
     ``ParallelLinearAdapter``), and its rank-r activations cross the TP group on the critical path:
@@ -302,9 +303,11 @@ def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: flo
         else:
             copies = (2 * (whole + out), 2 * (whole + local))  # gathered whole, the shard cut out; reversed
     cost.adapter_s += r16.gemm(m, a_cols, k)[0] + r16.gemm(m, b_cols, r)[0] + rf.memory(5 * out + copies[0])
-    cost.adapter_bwd_s += (r16.gemm(m, r, b_cols)[0] + r16.gemm(r, b_cols, m)[0]       # B: data, weight gradient
-                           + r16.gemm(k, a_cols, m)[0] + r16.gemm(m, k, a_cols)[0]     # A: weight, data gradient
-                           + rf.memory(2 * out + 3 * m * k + copies[1]))               # scale; dx summed; copies
+    # backward: B's data and weight gradients, A's weight and data gradients, then the scale again, A's
+    # input gradient summed into the base layer's, and the copies in reverse
+    cost.adapter_bwd_s += (r16.gemm(m, r, b_cols)[0] + r16.gemm(r, b_cols, m)[0]
+                           + r16.gemm(k, a_cols, m)[0] + r16.gemm(m, k, a_cols)[0]
+                           + rf.memory(2 * out + 3 * m * k + copies[1]))
     cost.kernels += 4 + (2 if copies[0] else 0)
     if sh.lora_dropout:
         cost.memory_s += m * k * (2 * rf.act_bytes + 1) / rf.hbm_bytes_per_s
