@@ -35,7 +35,15 @@ import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from .architecture import causal_pairs, window_pairs
-from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_efficiency, gemm_k0, gemm_k_efficiency
+from .kernels import (
+    BYTES_PER_ELEMENT,
+    GEMM_K0,
+    KERNEL_FIXED_S,
+    gemm_efficiency,
+    gemm_k0,
+    gemm_k_efficiency,
+    grouped_gemm_efficiency,
+)
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
 LOGIT_BYTES = 4.0        # fp32 logits in the sampler
@@ -317,8 +325,13 @@ class ServingCostModel:
     lm_n: float = 0.0
     lm_k0: float = 0.0
     compute_units: int = 0
+    #: routed experts as grouped GEMMs (kernels.grouped_gemm_efficiency): (FLOPs share, K, N) of one
+    #: expert's gate-up and down GEMMs on one GPU, and the experts each GPU holds (0: depth only)
+    expert_gemm_shapes: tuple[tuple[float, float, float], ...] = ()
+    local_experts: int = 0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     # -- pieces ---------------------------------------------------------------------------
     def _touched_fraction(self, tokens: float) -> float:
@@ -361,6 +374,23 @@ class ServingCostModel:
             self._eff_cache[m] = e
         return e
 
+    def expert_efficiency(self, tokens: float) -> float:
+        """Compute efficiency of the routed experts for a batch of ``tokens``: each GPU's experts that
+        the batch touches run as one fused grouped GEMM (the serving engines' MoE kernels), each with
+        the rows routed to it -- ``tokens · k / (E · touched)`` when routing is balanced."""
+        if not self.compute_units or not self.expert_gemm_shapes or not self.local_experts:
+            return self.expert_gemm_eff
+        t = max(1, math.ceil(tokens))
+        e = self._expert_eff_cache.get(t)
+        if e is None:
+            touched = max(self._touched_fraction(t), 1.0 / self.num_experts)
+            groups = max(1, round(self.local_experts * touched))
+            m = t * self.top_k / (self.num_experts * touched)
+            e = 1.0 / sum(share / grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.dense_k0)
+                          for share, k, n in self.expert_gemm_shapes)
+            self._expert_eff_cache[t] = e
+        return e
+
     def linear_time(self, tokens: float, logits: float) -> float:
         """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
         if tokens <= 0:
@@ -369,7 +399,7 @@ class ServingCostModel:
         t = max(self.dense_flop_per_token * tokens / (f * self.dense_efficiency(tokens)), self.dense_weight_bytes / b)
         t += self.elementwise_bytes_per_token * tokens / b
         if self.num_experts:
-            t += max(self.expert_flop_per_token * tokens / (f * self.expert_gemm_eff),
+            t += max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if logits > 0:
             lm_eff = (gemm_efficiency(math.ceil(logits / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
@@ -610,9 +640,10 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     if moe:
         sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
         dense_gemms += _mlp(sh_ffn, tp, n_moe * moe.shared_experts)
-        expert_eff = _flop_weighted_efficiency(
-            _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe), k0)
+        expert_gemms = _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe)
+        expert_eff = _flop_weighted_efficiency(expert_gemms, k0)
     else:
+        expert_gemms = []
         expert_eff = 1.0
     dense_eff = _flop_weighted_efficiency(dense_gemms, k0)
     lm_k0 = gemm_k0(acc.peak("bf16"))
@@ -685,6 +716,10 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, lm_k0),
         dense_gemm_shapes=_gemm_shapes(dense_gemms), dense_k0=k0, lm_n=model.vocab / tp, lm_k0=lm_k0,
         compute_units=acc.compute_units,
+        # with data-parallel attention the experts spread over the engine's GPUs; under plain TP every
+        # GPU holds a 1/tp slice of every expert
+        expert_gemm_shapes=_gemm_shapes(expert_gemms),
+        local_experts=(max(1, moe.experts // gpus) if groups > 1 else moe.experts) if moe else 0,
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
