@@ -101,6 +101,10 @@ class EngineProfile:
     graph_batch_sizes: tuple[int, ...] = ()   # decode-only batches run as CUDA graphs padded up to these
     cpu_overhead_fraction: float = 0.0        # share of wall time the GPU waits for the CPU scheduler
     window_kv: bool = False                   # local-attention layers keep KV for their window only
+    #: with data-parallel attention, max_seqs and max_batch_tokens bound each attention rank's own batch
+    #: (TensorRT-LLM: "--max_batch_size: Max batch size in each rank", DeepSeek-R1 best-practice blog, where
+    #: concurrency 7168 runs as 8 ranks x 896), not the engine's; CUDA graphs pad each rank's batch
+    limits_per_rank: bool = False
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -134,12 +138,16 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
+        limits_per_rank=True,
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
                "CPU work behind GPU work (docs/source/features/overlap-scheduler.md); trtllm-bench sizes "
                "max_batch_size from KV capacity / (ISL+OSL) and max_num_tokens from batch x (1+ISL/OSL), "
-               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py)"),
+               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py); with attention DP "
+               "max_batch_size and max_num_tokens hold per rank (docs/source/blogs/"
+               "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece911: '--max_batch_size: Max "
+               "batch size in each rank')"),
     "sglang-0.3": EngineProfile(
         name="sglang-0.3", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
         chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
@@ -317,6 +325,7 @@ class ServingCostModel:
     window: int = 0
     window_share: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
+    graphs_per_rank: bool = False   # each data-parallel attention rank runs its own padded graph
     # shape efficiency of the linear layers at the batch's row count (kernels.gemm_efficiency: tiles,
     # waves, split-K): (FLOPs share, K, N on one GPU) of each non-expert GEMM family and their K0, the
     # LM head's N and K0 (its K is ``hidden``), and the SMs (0: no wave model)
@@ -473,10 +482,13 @@ class ServingCostModel:
                              prefill_kv_reads=kv_stream_tokens(chunk, past))
 
     def padded(self, n: int) -> int:
-        """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any."""
+        """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any
+        (with ``graphs_per_rank``, each attention rank pads its own share of the batch)."""
+        ranks = self.dp_groups if self.graphs_per_rank else 1
+        per = math.ceil(n / ranks)
         for g in self.graph_batch_sizes:
-            if g >= n:
-                return g
+            if g >= per:
+                return g * ranks
         return n
 
     def decode_coeffs(self, n: int) -> tuple[float, float]:
