@@ -88,6 +88,9 @@ class Accelerator:
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
     cores: int = 1                                # devices a framework runs one rank on (NeuronCores per chip)
     overlap_clock_ratio: float = 1.0              # core clock while communication overlaps compute, / nominal
+    #: a serving engine's fused MoE op: the share of the grouped-GEMM model's rate its expert GEMMs reach, per
+    #: precision (empty: 1, the model's own rate)
+    moe_op_efficiency: Mapping[str, float] = field(default_factory=dict)
     source: str
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
@@ -466,6 +469,14 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     attn_fwd_eff = eff_e.get("attention_forward", 0.0, _fraction)
     attn_fp8_eff = eff_e.get("attention_fp8", 0.0, _fraction)
     overlap_clock = eff_e.get("overlap_clock", 1.0, _fraction)
+    moe_op: dict[str, float] = {}
+    for k, v in (eff_e.get("moe_op", {}) or {}).items():
+        if k not in peaks:
+            raise eff_e.err(f"moe_op.{k}", f"{name} has no {k} peak{suggest(str(k), tuple(peaks))}")
+        try:
+            moe_op[k] = _fraction(v)
+        except (TypeError, ValueError) as exc:
+            raise eff_e.err(f"moe_op.{k}", str(exc)) from None
     calibration = str(eff_e.get("source", ""))
     eff_e.check_unknown()
     acc = Accelerator(
@@ -483,6 +494,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         attention_forward_efficiency=attn_fwd_eff,
         attention_fp8_efficiency=attn_fp8_eff,
         overlap_clock_ratio=overlap_clock,
+        moe_op_efficiency=moe_op,
         compute_units=int(e.get("compute_units", 0)),
         cores=e.get("cores", 1, _positive_int),
         source=e.source(),

@@ -338,6 +338,8 @@ class ServingCostModel:
     #: expert's gate-up and down GEMMs on one GPU, and the experts each GPU holds (0: depth only)
     expert_gemm_shapes: tuple[tuple[float, float, float], ...] = ()
     local_experts: int = 0
+    #: the engine's fused MoE op against the grouped-GEMM model (the catalog's ``moe_op`` for the precision)
+    moe_op_fraction: float = 1.0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -395,8 +397,9 @@ class ServingCostModel:
             touched = max(self._touched_fraction(t), 1.0 / self.num_experts)
             groups = max(1, round(self.local_experts * touched))
             m = t * self.top_k / (self.num_experts * touched)
-            e = 1.0 / sum(share / grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.dense_k0)
-                          for share, k, n in self.expert_gemm_shapes)
+            e = self.moe_op_fraction / sum(
+                share / grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.dense_k0)
+                for share, k, n in self.expert_gemm_shapes)
             self._expert_eff_cache[t] = e
         return e
 
@@ -732,6 +735,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         # GPU holds a 1/tp slice of every expert
         expert_gemm_shapes=_gemm_shapes(expert_gemms),
         local_experts=(max(1, moe.experts // gpus) if groups > 1 else moe.experts) if moe else 0,
+        moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 
