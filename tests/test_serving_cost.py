@@ -252,3 +252,19 @@ def test_trtllm_limits_and_cuda_graphs_hold_per_attention_rank(cat):
     vllm = plan_from_scenario(fmsim.load_scenario(path, overrides={**limits, "serving.engine": "vllm"}))
     assert vllm.pool("serve").cfg.max_seqs == 96
 
+
+@pytest.mark.parametrize("attention_dp,tp,ep", [(True, 1, 8), (False, 8, 1)])
+def test_moe_tokens_are_permuted_once_per_chosen_expert_around_the_grouped_gemms(cat, attention_dp, tp, ep):
+    """One more expert per token adds, per MoE layer, its activation-function pass and one more permuted row
+    written and read back (TensorRT-LLM's expandInputRows / finalizeMoeRouting): each GPU's share of the rows
+    when the experts are spread over the engine, every row on every GPU under plain TP."""
+    model = cat.model("qwen3-235b-a22b")
+    inst = cat.instance("dgx-h100")
+    more = dataclasses.replace(model, moe=dataclasses.replace(model.moe, top_k=model.moe.top_k + 1))
+    kw = dict(precision="fp8", kv_dtype="fp8", tp=tp, ep=ep, attention_dp=attention_dp, collective=None)
+    a, b = build_cost_model(model, inst, **kw), build_cost_model(more, inst, **kw)
+    gpus = 8
+    act = 3 * model.moe.expert_ffn_hidden / gpus                      # SwiGLU over one more expert's width
+    perm = 2 * model.hidden * (1 / gpus if attention_dp else 1.0)
+    expect = model.num_moe_layers * (act + perm) * 2.0
+    assert b.elementwise_bytes_per_token - a.elementwise_bytes_per_token == pytest.approx(expect, rel=1e-9)

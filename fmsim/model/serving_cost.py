@@ -626,6 +626,14 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         ffn_local = dense_ffn / tp
     elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
+    if moe:
+        # token permutation around the grouped GEMMs (TensorRT-LLM's fused MoE: expandInputRowsKernel copies
+        # each token once per chosen expert into expert order, finalizeMoeRoutingKernel reads the k expert
+        # outputs back and writes their weighted sum; cpp/tensorrt_llm/kernels/mixtureOfExperts/moe_kernels.cu):
+        # the rows a GPU's experts take -- all k copies under plain TP, its share with the experts spread --
+        # are written and read once, and the token's own vector read and written once
+        pair_rows = moe.top_k * (1.0 / gpus if groups > 1 else 1.0)
+        elementwise += n_moe * (2 * pair_rows * model.hidden + 2 * model.hidden / groups) * ACT_BYTES
 
     # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
     # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
