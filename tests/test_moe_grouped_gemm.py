@@ -264,3 +264,22 @@ def test_b200_s_fused_moe_op_figure_re_derives_from_the_recorded_trtllm_rows():
     assert fp4.expert_efficiency(4096) == pytest.approx(
         acc.moe_op_efficiency["fp4"]
         * dataclasses.replace(fp4, moe_op_fraction=1.0, _expert_eff_cache={}).expert_efficiency(4096))
+
+
+@pytest.mark.parametrize("moe_op, match", [
+    ({"fp8": 0.5}, r"efficiency\.moe_op\.fp8: chip has no fp8 peak"),
+    ({"bf16": 1.5}, r"efficiency\.moe_op\.bf16: "),
+    (0.5, r"efficiency\.moe_op: must map precisions to fractions"),
+])
+def test_a_bad_moe_op_figure_is_refused_with_a_located_error(tmp_path, moe_op, match):
+    import yaml
+
+    from fmsim.errors import ConfigError
+
+    data = {"accelerators": {"chip": {
+        "vendor": "X", "peak": {"bf16": "100 TFLOP/s"}, "hbm": "80 GiB", "hbm_bandwidth": "2 TB/s",
+        "efficiency": {"gemm": {"bf16": 0.8}, "hbm": 0.85, "moe_op": moe_op, "source": "test"}, "source": "test"}}}
+    (tmp_path / "hardware_catalog").mkdir()
+    (tmp_path / "hardware_catalog" / "hw.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=match):
+        load_catalog(root=str(tmp_path))
