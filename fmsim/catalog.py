@@ -88,6 +88,9 @@ class Accelerator:
     compute_units: int = 0                        # SMs (NVIDIA) that GEMM tiles are spread over; 0 = unknown
     cores: int = 1                                # devices a framework runs one rank on (NeuronCores per chip)
     overlap_clock_ratio: float = 1.0              # core clock while communication overlaps compute, / nominal
+    #: a serving engine's fused MoE op: the share of the grouped-GEMM model's rate its expert GEMMs reach, per
+    #: precision (empty: 1, the model's own rate)
+    moe_op_efficiency: Mapping[str, float] = field(default_factory=dict)
     source: str
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)
@@ -435,6 +438,24 @@ def _usd(v: Any) -> float:
     return float(v)
 
 
+def _precision_fractions(eff_e: Any, key: str, raw: Mapping[str, Any], peaks: Mapping[str, float],
+                         name: str) -> dict[str, float]:
+    """``efficiency.<key>`` as {precision: fraction}: each a known precision the chip has a peak for."""
+    out: dict[str, float] = {}
+    for k, v in raw.items():
+        if k in ("source", "note"):
+            continue
+        if k not in PRECISIONS:
+            raise eff_e.err(f"{key}.{k}", f"unknown precision{suggest(str(k), PRECISIONS)}")
+        if k not in peaks:
+            raise eff_e.err(f"{key}.{k}", f"{name} has no {k} peak to take a fraction of")
+        try:
+            out[k] = _fraction(v)
+        except (TypeError, ValueError) as exc:
+            raise eff_e.err(f"{key}.{k}", str(exc)) from None
+    return out
+
+
 def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     peaks_e = e.sub("peak")
     peaks = {p: peaks_e.get(p, None, parse_flop_rate) for p in PRECISIONS}
@@ -445,18 +466,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     eff_e = e.sub("efficiency")
     gemm_raw = eff_e.get("gemm")
     if isinstance(gemm_raw, Mapping) and "value" not in gemm_raw:
-        gemm = {}
-        for k, v in gemm_raw.items():
-            if k in ("source", "note"):
-                continue
-            if k not in PRECISIONS:
-                raise eff_e.err(f"gemm.{k}", f"unknown precision{suggest(str(k), PRECISIONS)}")
-            if k not in peaks:
-                raise eff_e.err(f"gemm.{k}", f"{name} has no {k} peak to take a fraction of")
-            try:
-                gemm[k] = _fraction(v)
-            except (TypeError, ValueError) as exc:
-                raise eff_e.err(f"gemm.{k}", str(exc)) from None
+        gemm = _precision_fractions(eff_e, "gemm", gemm_raw, peaks, name)
     else:
         gemm = {"bf16": eff_e.get("gemm", parse=_fraction)}
     hbm_eff = eff_e.get("hbm", parse=_fraction)
@@ -466,6 +476,10 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
     attn_fwd_eff = eff_e.get("attention_forward", 0.0, _fraction)
     attn_fp8_eff = eff_e.get("attention_fp8", 0.0, _fraction)
     overlap_clock = eff_e.get("overlap_clock", 1.0, _fraction)
+    moe_raw = eff_e.get("moe_op", {}) or {}
+    if not isinstance(moe_raw, Mapping):
+        raise eff_e.err("moe_op", f"must map precisions to fractions (got {moe_raw!r})")
+    moe_op = _precision_fractions(eff_e, "moe_op", moe_raw, peaks, name)
     calibration = str(eff_e.get("source", ""))
     eff_e.check_unknown()
     acc = Accelerator(
@@ -483,6 +497,7 @@ def _load_accelerator(name: str, e: _Entry) -> Accelerator:
         attention_forward_efficiency=attn_fwd_eff,
         attention_fp8_efficiency=attn_fp8_eff,
         overlap_clock_ratio=overlap_clock,
+        moe_op_efficiency=moe_op,
         compute_units=int(e.get("compute_units", 0)),
         cores=e.get("cores", 1, _positive_int),
         source=e.source(),

@@ -143,6 +143,10 @@ GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather", "a2a")
 EP_DISPATCHES = ("alltoall", "deepep")
+#: how a rank's expert GEMMs run (fmsim.model.kernels.grouped_gemm_efficiency): multi-stream, Transformer
+#: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
+#: fused, one grouped kernel for every expert (DeepGEMM, CUTLASS grouped GEMM)
+MOE_GROUPED_GEMMS = ("multi-stream", "fused")
 #: Parameters per gradient bucket unless ``parallelism.grad_bucket`` says otherwise: Megatron-Core's minimum
 #: --ddp-bucket-size, taken for every framework. Megatron-Core's own default grows to 1M x dp at large data
 #: parallelism (``grad_bucket: megatron``, which the validation files of Megatron-Core runs state); as the
@@ -174,6 +178,7 @@ PARALLELISM_KEYS = (
     "gradient_accumulation_fusion",
     "cp_comm",
     "ep_dispatch",
+    "moe_grouped_gemm",
     "overlap",
     "order",
 )
@@ -284,6 +289,7 @@ class Parallelism:
     # alltoall dispatcher) or deepep (DeepEP / HybridEP through Megatron-Core's flex dispatcher: a
     # token crosses the scale-out network once per destination node, at the NIC's line rate)
     ep_dispatch: str = "alltoall"
+    moe_grouped_gemm: str = "multi-stream"   # MOE_GROUPED_GEMMS
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
 
@@ -1441,6 +1447,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         gradient_accumulation_fusion=ps.boolean("gradient_accumulation_fusion", True),
         cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
+        moe_grouped_gemm=ps.choice("moe_grouped_gemm", MOE_GROUPED_GEMMS, "multi-stream"),
         overlap=overlap,
         order=order,
     )
@@ -1809,6 +1816,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         **({} if par.gradient_accumulation_fusion else {"gradient_accumulation_fusion": False}),
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
+        **({"moe_grouped_gemm": par.moe_grouped_gemm} if par.moe_grouped_gemm != "multi-stream" else {}),
         "overlap": {
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,

@@ -225,3 +225,46 @@ def test_decode_batch_of_a_tile_and_a_half_pays_for_two_tiles_of_math():
                           tp=1, collective=None)
     assert cm.dense_efficiency(192) < cm.dense_efficiency(256) <= cm.dense_gemm_eff
     assert cm.dense_efficiency(192) == pytest.approx(0.75 * cm.dense_efficiency(256), rel=0.05)
+
+
+def test_trtllm_limits_and_cuda_graphs_hold_per_attention_rank(cat):
+    """TensorRT-LLM's --max_batch_size is 'Max batch size in each rank' (DeepSeek-R1 best-practice blog:
+    8 ranks x 896 = concurrency 7168): with attention DP the engine's stated limits are each rank's, and each
+    rank pads its own share of the batch to a captured graph; without attention DP, or on another engine,
+    nothing changes."""
+    from pathlib import Path
+
+    import fmsim
+    from fmsim.workloads.inference import plan_from_scenario
+
+    root = Path(__file__).resolve().parent.parent
+    path = root / "scenarios" / "validation" / "inference" / "inf-094.yaml"
+    limits = {"serving.max_seqs": 96, "serving.max_batch_tokens": 2048}
+    pool = plan_from_scenario(fmsim.load_scenario(path, overrides=limits)).pool("serve")
+    assert (pool.cfg.max_seqs, pool.cfg.max_batch_tokens) == (8 * 96, 8 * 2048)
+    assert pool.cost.graphs_per_rank
+    assert max(pool.cost.graph_batch_sizes) == 64             # graphs captured up to each rank's 96
+    assert pool.cost.padded(8 * 90) == 8 * 90                 # beyond the largest graph: unpadded
+    assert pool.cost.padded(8 * 60 + 1) == 8 * 64            # one rank's 61 pads to 64, as every rank's does
+    flat = {**limits, "serving.attention_dp": False, "parallelism.tp": 8, "parallelism.ep": 1}
+    plain = plan_from_scenario(fmsim.load_scenario(path, overrides=flat))
+    assert plain.pool("serve").cfg.max_seqs == 96
+    vllm = plan_from_scenario(fmsim.load_scenario(path, overrides={**limits, "serving.engine": "vllm"}))
+    assert vllm.pool("serve").cfg.max_seqs == 96
+
+
+@pytest.mark.parametrize("attention_dp,tp,ep", [(True, 1, 8), (False, 8, 1)])
+def test_moe_tokens_are_permuted_once_per_chosen_expert_around_the_grouped_gemms(cat, attention_dp, tp, ep):
+    """One more expert per token adds, per MoE layer, its activation-function pass and one more permuted row
+    written and read back (TensorRT-LLM's expandInputRows / finalizeMoeRouting): each GPU's share of the rows
+    when the experts are spread over the engine, every row on every GPU under plain TP."""
+    model = cat.model("qwen3-235b-a22b")
+    inst = cat.instance("dgx-h100")
+    more = dataclasses.replace(model, moe=dataclasses.replace(model.moe, top_k=model.moe.top_k + 1))
+    kw = dict(precision="fp8", kv_dtype="fp8", tp=tp, ep=ep, attention_dp=attention_dp, collective=None)
+    a, b = build_cost_model(model, inst, **kw), build_cost_model(more, inst, **kw)
+    gpus = 8
+    act = 3 * model.moe.expert_ffn_hidden / gpus                      # SwiGLU over one more expert's width
+    perm = 2 * model.hidden * (1 / gpus if attention_dp else 1.0)
+    expect = model.num_moe_layers * (act + perm) * 2.0
+    assert b.elementwise_bytes_per_token - a.elementwise_bytes_per_token == pytest.approx(expect, rel=1e-9)

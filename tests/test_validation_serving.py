@@ -1,8 +1,9 @@
 """Serving predictions against published measurements (scenarios/validation/inference).
 
 Issue 5 sets the bar: median |error| <= 10 % on throughput and <= 15 % on latency percentiles. Both
-are met and asserted over the whole set (2026-11-30: 7.9 % over 41 throughput values, 10.7 % over 9
-latency values).
+are met and asserted over the whole set (2026-12-01: 8.0 % over 43 throughput values, 10.7 % over 9
+latency values). The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
+issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
 from __future__ import annotations
 
@@ -38,3 +39,19 @@ def test_serving_throughput_meets_the_issue_target_over_the_whole_set():
 
 def test_serving_latency_meets_the_issue_target_over_the_whole_set():
     assert _median(latency=True) <= 15.0, f"latency median {_median(latency=True):.1f} %"
+
+
+#: MoE serving rows and today's level (2026-12-01, after grouped expert GEMMs, per-rank TensorRT-LLM limits,
+#: B200's measured fused-MoE figure and the token permutation): inf-092 +19.5, inf-093 +42.8, inf-094 +84.9,
+#: ttc-010 +32.8, ttc-011 +41.2 % -- median 41.2, worst 84.9; bounds at those plus a margin
+MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
+GUARD_MOE_MEDIAN_PCT = 44.0
+GUARD_MOE_WORST_PCT = 88.0
+
+
+def test_serving_moe_rows_do_not_regress_past_todays_level():
+    vals = {name: e for name, metric, e in errors()
+            if name in MOE_ROWS and not metric.startswith(LATENCY_PREFIXES)}
+    assert set(vals) == set(MOE_ROWS)
+    assert statistics.median(vals.values()) <= GUARD_MOE_MEDIAN_PCT, vals
+    assert max(vals.values()) <= GUARD_MOE_WORST_PCT, vals

@@ -87,15 +87,73 @@ def gemm_efficiency(m: float, n: float, k: float, compute_units: int, k0: float)
     """
     if compute_units <= 0:
         return gemm_k_efficiency(k, k0)
+    return min(1.0, _tile_round_efficiency(m, n, k, 1, compute_units, k0, split_k=True))
+
+
+#: Compute streams Transformer Engine spreads the per-expert GEMMs of a ``GroupedLinear`` over
+#: (transformer_engine/common/util/multi_stream.cpp ``num_compute_streams = 4``, NVIDIA/TransformerEngine
+#: v2.9 @70f536662a). Its ``nvte_multi_tensor_gemm`` runs one cuBLAS GEMM per expert, round-robin over
+#: these streams (``multi_stream_cublas_gemm``), unless ``NVTE_USE_CUTLASS_GROUPED_GEMM`` is set on Hopper
+#: for 16-bit inputs (common/gemm/cublaslt_gemm.cu, same commit) -- so every FP8 run and every
+#: Blackwell run of Megatron-Core's ``TEGroupedMLP`` takes the multi-stream path.
+TE_GROUPED_GEMM_STREAMS = 4
+
+
+def _tile_round_efficiency(m: float, n: float, k: float, gemms: int, compute_units: int, k0: float,
+                           split_k: bool) -> float:
+    """Efficiency of ``gemms`` equal (m×k)·(k×n) GEMMs whose tiles share the SMs at once: each GEMM
+    cut into its own tiles (an edge tile of one expert cannot take rows of the next), the tiles of all
+    of them in waves over the SMs, split-K (when ``split_k``) where they do not fill one wave."""
     best = 0.0
     for tm, tn in GEMM_TILES:
         mt, nt = math.ceil(m / tm), math.ceil(n / tn)
-        tiles = mt * nt
+        tiles = gemms * mt * nt
         used = (m * n) / (mt * tm * nt * tn)
-        if tiles >= compute_units:
+        if tiles >= compute_units or not split_k:
             waves = math.ceil(tiles / compute_units)
             best = max(best, used * tiles / (waves * compute_units) * gemm_k_efficiency(k, k0))
         else:
             for split in range(1, compute_units // tiles + 1):
                 best = max(best, used * split * tiles / compute_units * gemm_k_efficiency(k / split, k0))
-    return min(1.0, best)
+    return best
+
+
+def grouped_gemm_efficiency(groups: int, m: float, n: float, k: float, compute_units: int, k0: float, *,
+                            concurrent: int | None = None) -> float:
+    """Share of the large-GEMM rate ``groups`` GEMMs of (m×k)·(k×n) reach: the experts of an MoE layer,
+    ``m`` the rows (token-expert pairs) each expert receives, ``n`` and ``k`` one expert's widths.
+
+    Every expert's rows are cut into tiles of their own -- DeepGEMM's contiguous layout aligns each
+    expert's segment to the GEMM's M block, its masked layout covers each group's rows up to the block
+    (deepseek-ai/DeepGEMM README @7a70b439), CUTLASS grouped GEMM schedules each problem's tiles -- so
+    ``ceil(m / tile)`` per expert, not per layer: few tokens per expert leave its edge tiles empty.
+
+    ``concurrent`` is how many of the GEMMs share the SMs at once: ``None`` (all: one fused grouped
+    kernel, DeepGEMM / CUTLASS grouped / the serving engines' fused MoE, no split-K) or
+    :data:`TE_GROUPED_GEMM_STREAMS` (Transformer Engine's cuBLAS GEMM per expert on 4 streams, each able
+    to split K as cuBLAS does): the GEMMs then run in rounds, each round's tiles in their own waves.
+
+    The result never exceeds :func:`gemm_efficiency` of the concatenated (groups·m)×n×k GEMM: any
+    tiling the grouped kernel may use is one the single GEMM could use too. Read against DeepGEMM's
+    grouped tables (hardware_catalog/measurements/h800_deepgemm_grouped.csv; tests/test_moe_grouped_gemm.py
+    re-derives the agreement) with the catalog's unchanged figures and no figure of its own.
+    """
+    dense = gemm_efficiency(groups * m, n, k, compute_units, k0)
+    if compute_units <= 0 or groups <= 1 or m <= 0:
+        return dense if groups > 1 or m <= 0 else gemm_efficiency(m, n, k, compute_units, k0)
+    c = groups if concurrent is None else max(1, min(int(concurrent), groups))
+    split_k = concurrent is not None
+    full, rest = divmod(groups, c)
+    # time-weighted over the rounds: each round of c GEMMs, the last of the remainder
+    inv = full * c / _tile_round_efficiency(m, n, k, c, compute_units, k0, split_k)
+    if rest:
+        inv += rest / _tile_round_efficiency(m, n, k, rest, compute_units, k0, split_k)
+    return min(dense, groups / inv, 1.0)
+
+
+def grouped_gemm_launches(groups: int, concurrent: int | None = None) -> int:
+    """Kernels on the critical path of a grouped GEMM: one fused kernel, or one per round of
+    ``concurrent`` streams (the launches and fills of GEMMs on parallel streams overlap)."""
+    if concurrent is None or groups <= 1:
+        return 1
+    return math.ceil(groups / max(1, int(concurrent)))

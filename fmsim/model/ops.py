@@ -27,10 +27,13 @@ from .flops import attention_dims
 from .kernels import (
     BYTES_PER_ELEMENT,
     KERNEL_FIXED_S,
+    TE_GROUPED_GEMM_STREAMS,
     attention_length_efficiency,
     gemm_efficiency,
     gemm_k0,
     gemm_k_efficiency,
+    grouped_gemm_efficiency,
+    grouped_gemm_launches,
 )
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
@@ -68,6 +71,9 @@ class Shard:
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
+    #: how the local experts' GEMMs run: multi-stream (Transformer Engine's GroupedLinear, one cuBLAS GEMM
+    #: per expert on 4 streams: Megatron-Core's TEGroupedMLP) | fused (one grouped kernel for all experts)
+    moe_grouped_gemm: str = "multi-stream"
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input
@@ -226,6 +232,19 @@ class Roofline:
         compute = flops / (self.gemm_flop_per_s * gemm_efficiency(m, n, k, self.compute_units, self.gemm_k0))
         return max(compute, traffic / self.hbm_bytes_per_s), flops
 
+    def grouped_gemm(self, groups: int, m: float, n: float, k: float,
+                     concurrent: int | None = None) -> tuple[float, float]:
+        """(seconds, FLOPs) of ``groups`` (m×k)·(k×n) expert GEMMs: their FLOPs at the grouped
+        efficiency (:func:`kernels.grouped_gemm_efficiency`) against every expert's weights and rows
+        through HBM."""
+        if groups <= 1:
+            return self.gemm(m, n, k)
+        flops = 2.0 * groups * m * n * k
+        traffic = groups * ((m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes)
+        eff = grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.gemm_k0,
+                                      concurrent=concurrent)
+        return max(flops / (self.gemm_flop_per_s * eff), traffic / self.hbm_bytes_per_s), flops
+
     def memory(self, elements: float) -> float:
         """Seconds to stream ``elements`` activation elements through HBM (read + write counted)."""
         return elements * self.act_bytes / self.hbm_bytes_per_s
@@ -243,6 +262,21 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
         # backward's output gradient goes through the same kernel (counted by MEM_BWD_FACTOR).
         cost.memory_s += m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
         cost.kernels += 1
+
+
+def _grouped_gemm(cost: PassCost, rf: Roofline, groups: int, m: float, n: float, k: float,
+                  concurrent: int | None) -> None:
+    """The local experts' GEMM of an MoE layer (``groups`` experts, ``m`` rows each) and, in low
+    precision, the cast of their input: Transformer Engine quantizes each expert's split separately
+    (``tex.split_quantize`` in GroupedLinear), one kernel per expert like the GEMMs."""
+    t, f = rf.grouped_gemm(groups, m, n, k, concurrent)
+    launches = grouped_gemm_launches(groups, concurrent)
+    cost.gemm_s += t
+    cost.flops += f
+    cost.kernels += launches
+    if rf.gemm_in_bytes < rf.act_bytes:
+        cost.memory_s += groups * m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
+        cost.kernels += launches
 
 
 def _adapter(cost: PassCost, rf: Roofline, sh: Shard, m: float, n: float, k: float, *, row: bool = False) -> None:
@@ -585,8 +619,12 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     rows = mean_rows * sh.moe_load
     up = m.expert_ffn_hidden * (2 if model.gated else 1)
     flops = c.flops
-    _gemm(c, rf, rows, up / etp, h)
-    _gemm(c, rf, rows, h, m.expert_ffn_hidden / etp)
+    # the rank's experts (E / EP of them) each take their share of the rows, as separate GEMMs
+    # (kernels.grouped_gemm_efficiency): few tokens per expert leave tiles part empty
+    local = max(1, m.experts // max(1, sh.ep))
+    concurrent = TE_GROUPED_GEMM_STREAMS if sh.moe_grouped_gemm == "multi-stream" else None
+    _grouped_gemm(c, rf, local, rows / local, up / etp, h, concurrent)
+    _grouped_gemm(c, rf, local, rows / local, h, m.expert_ffn_hidden / etp, concurrent)
     c.flops = flops + (c.flops - flops) / sh.moe_load
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts

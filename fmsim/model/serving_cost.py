@@ -35,7 +35,15 @@ import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from .architecture import causal_pairs, window_pairs
-from .kernels import BYTES_PER_ELEMENT, GEMM_K0, KERNEL_FIXED_S, gemm_efficiency, gemm_k0, gemm_k_efficiency
+from .kernels import (
+    BYTES_PER_ELEMENT,
+    GEMM_K0,
+    KERNEL_FIXED_S,
+    gemm_efficiency,
+    gemm_k0,
+    gemm_k_efficiency,
+    grouped_gemm_efficiency,
+)
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
 LOGIT_BYTES = 4.0        # fp32 logits in the sampler
@@ -93,6 +101,10 @@ class EngineProfile:
     graph_batch_sizes: tuple[int, ...] = ()   # decode-only batches run as CUDA graphs padded up to these
     cpu_overhead_fraction: float = 0.0        # share of wall time the GPU waits for the CPU scheduler
     window_kv: bool = False                   # local-attention layers keep KV for their window only
+    #: with data-parallel attention, max_seqs and max_batch_tokens bound each attention rank's own batch
+    #: (TensorRT-LLM: "--max_batch_size: Max batch size in each rank", DeepSeek-R1 best-practice blog, where
+    #: concurrency 7168 runs as 8 ranks x 896), not the engine's; CUDA graphs pad each rank's batch
+    limits_per_rank: bool = False
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -126,12 +138,16 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
+        limits_per_rank=True,
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
                "CPU work behind GPU work (docs/source/features/overlap-scheduler.md); trtllm-bench sizes "
                "max_batch_size from KV capacity / (ISL+OSL) and max_num_tokens from batch x (1+ISL/OSL), "
-               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py)"),
+               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py); with attention DP "
+               "max_batch_size and max_num_tokens hold per rank (docs/source/blogs/"
+               "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece911: '--max_batch_size: Max "
+               "batch size in each rank')"),
     "sglang-0.3": EngineProfile(
         name="sglang-0.3", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
         chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
@@ -309,6 +325,7 @@ class ServingCostModel:
     window: int = 0
     window_share: float = 0.0
     graph_batch_sizes: tuple[int, ...] = ()
+    graphs_per_rank: bool = False   # each data-parallel attention rank runs its own padded graph
     # shape efficiency of the linear layers at the batch's row count (kernels.gemm_efficiency: tiles,
     # waves, split-K): (FLOPs share, K, N on one GPU) of each non-expert GEMM family and their K0, the
     # LM head's N and K0 (its K is ``hidden``), and the SMs (0: no wave model)
@@ -317,8 +334,15 @@ class ServingCostModel:
     lm_n: float = 0.0
     lm_k0: float = 0.0
     compute_units: int = 0
+    #: routed experts as grouped GEMMs (kernels.grouped_gemm_efficiency): (FLOPs share, K, N) of one
+    #: expert's gate-up and down GEMMs on one GPU, and the experts each GPU holds (0: depth only)
+    expert_gemm_shapes: tuple[tuple[float, float, float], ...] = ()
+    local_experts: int = 0
+    #: the engine's fused MoE op against the grouped-GEMM model (the catalog's ``moe_op`` for the precision)
+    moe_op_fraction: float = 1.0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     # -- pieces ---------------------------------------------------------------------------
     def _touched_fraction(self, tokens: float) -> float:
@@ -361,6 +385,24 @@ class ServingCostModel:
             self._eff_cache[m] = e
         return e
 
+    def expert_efficiency(self, tokens: float) -> float:
+        """Compute efficiency of the routed experts for a batch of ``tokens``: each GPU's experts that
+        the batch touches run as one fused grouped GEMM (the serving engines' MoE kernels), each with
+        the rows routed to it -- ``tokens · k / (E · touched)`` when routing is balanced."""
+        if not self.compute_units or not self.expert_gemm_shapes or not self.local_experts:
+            return self.expert_gemm_eff
+        t = max(1, math.ceil(tokens))
+        e = self._expert_eff_cache.get(t)
+        if e is None:
+            touched = max(self._touched_fraction(t), 1.0 / self.num_experts)
+            groups = max(1, round(self.local_experts * touched))
+            m = t * self.top_k / (self.num_experts * touched)
+            e = self.moe_op_fraction / sum(
+                share / grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.dense_k0)
+                for share, k, n in self.expert_gemm_shapes)
+            self._expert_eff_cache[t] = e
+        return e
+
     def linear_time(self, tokens: float, logits: float) -> float:
         """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
         if tokens <= 0:
@@ -369,7 +411,7 @@ class ServingCostModel:
         t = max(self.dense_flop_per_token * tokens / (f * self.dense_efficiency(tokens)), self.dense_weight_bytes / b)
         t += self.elementwise_bytes_per_token * tokens / b
         if self.num_experts:
-            t += max(self.expert_flop_per_token * tokens / (f * self.expert_gemm_eff),
+            t += max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if logits > 0:
             lm_eff = (gemm_efficiency(math.ceil(logits / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
@@ -443,10 +485,13 @@ class ServingCostModel:
                              prefill_kv_reads=kv_stream_tokens(chunk, past))
 
     def padded(self, n: int) -> int:
-        """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any."""
+        """Decode batch size as the engine runs it: padded up to the next CUDA-graph size, if any
+        (with ``graphs_per_rank``, each attention rank pads its own share of the batch)."""
+        ranks = self.dp_groups if self.graphs_per_rank else 1
+        per = math.ceil(n / ranks)
         for g in self.graph_batch_sizes:
-            if g >= n:
-                return g
+            if g >= per:
+                return g * ranks
         return n
 
     def decode_coeffs(self, n: int) -> tuple[float, float]:
@@ -581,6 +626,14 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         ffn_local = dense_ffn / tp
     elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
+    if moe:
+        # token permutation around the grouped GEMMs (TensorRT-LLM's fused MoE: expandInputRowsKernel copies
+        # each token once per chosen expert into expert order, finalizeMoeRoutingKernel reads the k expert
+        # outputs back and writes their weighted sum; cpp/tensorrt_llm/kernels/mixtureOfExperts/moe_kernels.cu):
+        # the rows a GPU's experts take -- all k copies under plain TP, its share with the experts spread --
+        # are written and read once, and the token's own vector read and written once
+        pair_rows = moe.top_k * (1.0 / gpus if groups > 1 else 1.0)
+        elementwise += n_moe * (2 * pair_rows * model.hidden + 2 * model.hidden / groups) * ACT_BYTES
 
     # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
     # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
@@ -610,9 +663,10 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     if moe:
         sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
         dense_gemms += _mlp(sh_ffn, tp, n_moe * moe.shared_experts)
-        expert_eff = _flop_weighted_efficiency(
-            _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe), k0)
+        expert_gemms = _mlp(moe.expert_ffn_hidden, 1 if groups > 1 else tp, n_moe)
+        expert_eff = _flop_weighted_efficiency(expert_gemms, k0)
     else:
+        expert_gemms = []
         expert_eff = 1.0
     dense_eff = _flop_weighted_efficiency(dense_gemms, k0)
     lm_k0 = gemm_k0(acc.peak("bf16"))
@@ -685,6 +739,11 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, lm_k0),
         dense_gemm_shapes=_gemm_shapes(dense_gemms), dense_k0=k0, lm_n=model.vocab / tp, lm_k0=lm_k0,
         compute_units=acc.compute_units,
+        # with data-parallel attention the experts spread over the engine's GPUs; under plain TP every
+        # GPU holds a 1/tp slice of every expert
+        expert_gemm_shapes=_gemm_shapes(expert_gemms),
+        local_experts=(max(1, moe.experts // gpus) if groups > 1 else moe.experts) if moe else 0,
+        moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
     )
 

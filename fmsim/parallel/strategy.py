@@ -453,7 +453,7 @@ def build_plan(sc) -> Plan:
                   cp_comm=par.cp_comm, expert_tp=etp,
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
-                  moe_load=w.moe_load,
+                  moe_load=w.moe_load, moe_grouped_gemm=par.moe_grouped_gemm,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
                   lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy)
     coster = CommCoster(inst, shapes, cl.nodes)

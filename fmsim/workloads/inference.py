@@ -121,6 +121,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     chunked = sv.chunked_prefill if sv.chunked_prefill is not None else profile.chunked_prefill
     frac = sv.memory_fraction if sv.memory_fraction is not None else profile.memory_fraction
     hbm = instance.accelerator.hbm_bytes
+    # an engine whose limits hold per attention-DP rank (TensorRT-LLM) runs `ranks` such batches at once
+    ranks = cost.dp_groups if profile.limits_per_rank else 1
     max_seqs = sv.max_seqs if sv.max_seqs is not None else profile.max_seqs
     max_tokens = sv.max_batch_tokens if sv.max_batch_tokens is not None else profile.max_batch_tokens
     # a first KV estimate with a provisional workspace sizes any ``auto`` limit, then the real one
@@ -128,9 +130,10 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=prov) // pp
     if max_seqs is None or max_tokens is None:
-        bs, tok = auto_limits(cap, isl, osl, chunked_prefill=chunked, max_prompt_len=max_isl)
+        bs, tok = auto_limits(cap // ranks, isl, osl, chunked_prefill=chunked, max_prompt_len=max_isl)
         max_seqs = max_seqs or bs
         max_tokens = max_tokens or tok
+    max_seqs, max_tokens = max_seqs * ranks, max_tokens * ranks
     act = cost.activation_bytes(max_tokens, max_seqs, model)
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=act) // pp
@@ -138,8 +141,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
         # graphs are captured only up to the engine's batch and token limits; a larger decode batch
         # runs without padding (TensorRT-LLM PyTorchModelEngine keeps cuda_graph_batch_sizes <=
         # max_batch_size and <= max_num_tokens)
-        cost = dataclasses.replace(cost, graph_batch_sizes=tuple(
-            g for g in cost.graph_batch_sizes if g <= max_seqs and g <= max_tokens))
+        cost = dataclasses.replace(cost, graphs_per_rank=ranks > 1, graph_batch_sizes=tuple(
+            g for g in cost.graph_batch_sizes if g * ranks <= max_seqs and g * ranks <= max_tokens))
     block = sv.kv_block_size or profile.kv_block_size
     blocks = cap // block
     if blocks < 1:
