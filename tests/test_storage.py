@@ -224,3 +224,12 @@ def test_a_bad_fleet_rate_in_a_reliability_override_names_the_component():
     with pytest.raises(fmsim.ConfigError, match="reliability.rates.gpux"):
         fmsim.estimate(scenario(**{"reliability": {"restart": "1 min", "rates": {"gpux": 0.1},
                                                    "run_length": "1 day"}}))
+
+
+def test_the_bundled_large_run_prints_its_storage_and_failure_figures(capsys):
+    example = Path(__file__).resolve().parents[1] / "scenarios" / "examples" / "llama3.1-405b-p5en-storage.yaml"
+    assert main(["run", "--estimate", str(example)]) == 0
+    out = capsys.readouterr().out
+    for text in ("storage and failures", "data loading", "stall", "checkpoint", "interruptions",
+                 "expected (p10", "goodput           p10", "storage_usd", "$"):
+        assert text in out, text

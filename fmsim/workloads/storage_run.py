@@ -97,3 +97,39 @@ def wall_time_s(useful_s: float | None, good: Goodput) -> float | None:
 
 
 __all__ = ["RunFigures", "run_figures", "wall_time_s"]
+
+
+def summary_lines(details: Any, fmt) -> list[str]:
+    """The human block's "storage and failures" lines from a result's details (``fmsim run``);
+    ``fmt(col, value)`` formats a value as the column ``col`` would be."""
+    if not isinstance(details, dict):
+        return []
+    ck, st, dl = details.get("checkpoint"), details.get("storage"), details.get("data_loading")
+    if not isinstance(ck, dict) or not (st or dl or ck.get("interruptions") is not None or ck.get("write_s")):
+        return []
+    out = ["  storage and failures"]
+    if isinstance(st, dict):
+        cap = fmt("x_bytes", st["capacity_bytes"]) if st.get("capacity_bytes") else "-"
+        out.append(f"    file system       {st.get('tier') or st.get('kind')}, {cap}, read "
+                   f"{fmt('x_bytes', st['read_bytes_per_s'])}/s, per node {fmt('x_bytes', st['client_bytes_per_s'])}/s"
+                   f"{' over EFA' if st.get('efa') else ''}")
+    if isinstance(dl, dict):
+        out.append(f"    data loading      {fmt('x_bytes', dl['bytes_per_step'])} per step, read in "
+                   f"{fmt('x_s', dl['read_s'])}, stall {fmt('x_s', dl['stall_s'])} per step")
+    if ck.get("write_s") is not None:
+        out.append(f"    checkpoint        {fmt('x_bytes', ck['bytes'])} ({ck.get('mode')}), write "
+                   f"{fmt('x_s', ck['write_s'])}, restore {fmt('x_s', ck.get('restore_s'))}, downtime "
+                   f"{fmt('x_s', ck['stall_s'])} each")
+    if ck.get("young_interval_s"):
+        best = fmt("x_s", ck.get("best_interval_s")) if ck.get("best_interval_s") else "-"
+        out.append(f"    best interval     Young {fmt('x_s', ck['young_interval_s'])}, Daly "
+                   f"{fmt('x_s', ck.get('daly_interval_s'))}, simulated {best}")
+    if ck.get("interruptions") is not None:
+        lo, hi = ck.get("interruptions_p10"), ck.get("interruptions_p90")
+        spread = f" (p10 {lo:.0f}, p90 {hi:.0f})" if lo is not None and hi is not None else ""
+        out.append(f"    interruptions     {ck['interruptions']:.1f} expected{spread}; lost work "
+                   f"{fmt('x_s', ck.get('lost_work_s'))}, restart + restore {fmt('x_s', ck.get('restart_restore_s'))}")
+    if ck.get("goodput_p50") is not None:
+        out.append(f"    goodput           p10 {ck['goodput_p10']:.2%}, p50 {ck['goodput_p50']:.2%}, "
+                   f"p90 {ck['goodput_p90']:.2%}")
+    return out
