@@ -233,3 +233,28 @@ def test_the_bundled_large_run_prints_its_storage_and_failure_figures(capsys):
     for text in ("storage and failures", "data loading", "stall", "checkpoint", "interruptions",
                  "expected (p10", "goodput           p10", "storage_usd", "$"):
         assert text in out, text
+
+
+def test_a_restore_reads_the_checkpoint_back_and_a_slower_file_system_recovers_slower():
+    rel = {"restart": "10 min", "run_length": "10 days", "trials": 40, "rates": {"gpu": 0.002}}
+    fast = fmsim.estimate(scenario(**{"cluster.storage": {**FSX, "capacity": "1000 TiB"},
+                                      "checkpoint": {"every": "1 h"}, "reliability": rel}))
+    slow = fmsim.estimate(scenario(**{"cluster.storage": {**FSX, "capacity": "5 TiB"},
+                                      "checkpoint": {"every": "1 h"}, "reliability": rel}))
+    f, s = fast.details["checkpoint"], slow.details["checkpoint"]
+    assert 0 < f["restore_s"] < s["restore_s"]
+    # the same seeded interruptions: each costs the restart plus the restore
+    assert s["restart_restore_s"] - f["restart_restore_s"] == pytest.approx(
+        (s["restore_s"] - f["restore_s"]) * s["interruptions"], rel=0.35)
+    assert slow.metrics["goodput"] < fast.metrics["goodput"]
+
+
+def test_data_reads_over_efa_share_the_nics_in_the_engine():
+    video = {"sample_bytes": "20 MB"}
+    big = {**FSX, "capacity": "2000 TiB"}
+    lay = {"parallelism.tp": 4, "parallelism.pp": 2}
+    efa = fmsim.simulate(scenario(data=video, **{"cluster.storage": big}, **lay))
+    ena = fmsim.simulate(scenario(data=video, **{"cluster.storage": {**big, "efa": False}}, **lay))
+    assert efa.breakdown.get("data_stall", 0.0) > 0.0
+    assert any("over EFA" in n for n in efa.details["data_loading"]["notes"])
+    assert not any("over EFA" in n for n in ena.details["data_loading"]["notes"])

@@ -9,12 +9,13 @@ data read) plus its PUT and GET requests.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from ..hardware.storage import FileSystem, file_system
-from .checkpointing import CheckpointCost, checkpoint_cost
+from .checkpointing import CheckpointCost, checkpoint_cost, contended_step_s
 from .data_loading import DataLoad, data_stall
 from .reliability import Goodput, as_details, run_goodput
 
@@ -75,6 +76,14 @@ def run_figures(sc, plan, step_s: float, *, train_tokens: float | None, contenti
     fs = file_system(sc.cluster.storage, plan.instance)
     data = data_stall(sc, fs, plan.nodes, step_s)
     stall = data.stall_s if data is not None else 0.0
+    if contention and data is not None and data.read_s and fs is not None and fs.efa:
+        # the reads ride the same EFA NICs as the step's collectives: replay the step beside them
+        rate = data.bytes_per_step / max(step_s, data.read_s) / plan.gpus
+        slower = contended_step_s(plan, step_s, rx_per_gpu=rate) - step_s
+        if slower > 0:
+            stall += slower
+            data = dataclasses.replace(data, stall_s=stall, notes=data.notes + (
+                f"the reads over EFA slow the step's collectives by {slower:.3g} s",))
     step = step_s + stall
     ck = sc.checkpoint
     cost = checkpoint_cost(plan, fs, async_=bool(ck and ck.async_), interval_s=ck.every_s if ck else None,
