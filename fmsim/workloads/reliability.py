@@ -33,9 +33,6 @@ import numpy as np
 
 from ..catalog import load_catalog, suggest
 from ..errors import ConfigError
-from ..model.memory import OPTIMIZER_BYTES, WEIGHT_BYTES
-
-CHECKPOINT_BYTES_PER_PARAM = WEIGHT_BYTES + OPTIMIZER_BYTES
 DEFAULT_FLEET = "llama3-405b-h100"
 DEFAULT_TRIALS = 200
 COMPONENT_UNITS = ("gpu", "node", "nic")
@@ -151,10 +148,12 @@ def simulate_run(*, rate: float, interval: float | None, downtime: float, recove
                 done = useful
                 break
             if cap <= x:
-                # the wall-clock window closes before the next interruption
-                k = math.floor(cap / cycle) if math.isfinite(cycle) else 0
-                done += k * interval if interval else 0.0
-                if not interval:
+                # the wall-clock window closes before the next interruption: the work since the last
+                # checkpoint is not lost (the run goes on past the window)
+                if interval:
+                    k = math.floor(cap / cycle)
+                    done += k * interval + min(cap - k * cycle, interval)
+                else:
                     done += cap
                 wall = wall_limit
                 break
@@ -254,32 +253,6 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
                    goodput_p10=p10, goodput_p50=p50, goodput_p90=p90, lost_work_s=float(stats.lost_s.mean()),
                    restart_restore_s=float(stats.recover_s.mean()), wall_s=float(stats.wall_s.mean()),
                    by_component=comps)
-
-
-def storage_write_bytes_per_s(sc) -> float | None:
-    """Aggregate checkpoint write rate of the scenario's storage over all its nodes, or None."""
-    from ..hardware.storage import file_system
-    fs = file_system(sc.cluster.storage, sc.cluster.instance)
-    if fs is None:
-        return None
-    rate = fs.aggregate_bytes_per_s(sc.cluster.nodes, write=True)
-    return rate if math.isfinite(rate) and rate > 0 else None
-
-
-def goodput(sc, trained_params: float) -> Goodput:
-    """Closed-form goodput of ``sc`` from its parameter count alone (14 B per trained parameter, no plan):
-    the figure :func:`fmsim.workloads.storage_run.run_figures` refines with the plan's shards."""
-    ckpt_bytes = trained_params * CHECKPOINT_BYTES_PER_PARAM
-    rate = storage_write_bytes_per_s(sc)
-    write_s = ckpt_bytes / rate if rate else None
-    ck = sc.checkpoint
-    stall = 0.0
-    if ck is not None and write_s is not None:
-        stall = max(0.0, write_s - ck.every_s) if ck.async_ else write_s
-    inst = sc.cluster.instance
-    return run_goodput(sc, ckpt_bytes=ckpt_bytes, write_s=write_s, downtime_s=stall, restore_s=None,
-                       gpus=sc.cluster.gpus, nodes=sc.cluster.nodes, nics_per_node=inst.num_nics,
-                       useful_s=None)
 
 
 def as_details(g: Goodput) -> dict[str, Any]:
