@@ -258,3 +258,18 @@ def test_data_reads_over_efa_share_the_nics_in_the_engine():
     assert efa.breakdown.get("data_stall", 0.0) > 0.0
     assert any("over EFA" in n for n in efa.details["data_loading"]["notes"])
     assert not any("over EFA" in n for n in ena.details["data_loading"]["notes"])
+
+
+def test_every_catalog_fleet_parses_with_a_source_and_llama3s_rates_rebuild_table_5():
+    from fmsim.workloads.reliability import fleet_rates
+
+    fleets = fmsim.load_catalog().extra["failure_rates"]
+    assert {"llama3-405b-h100", "meta-rsc-a100", "meta-rsc1-a100", "meta-rsc2-a100"} <= set(fleets)
+    for name in fleets:
+        rates, source = fleet_rates(name)
+        assert rates and source
+    rates, _ = fleet_rates("llama3-405b-h100")
+    units = {"gpu": 16384 * 54, "node": 2048 * 54, "nic": 8 * 2048 * 54}
+    counts = {c: rate * units[u] for c, (u, rate) in rates.items()}
+    assert sum(counts.values()) == pytest.approx(419, abs=0.5)       # Table 5's unexpected interruptions
+    assert counts["gpu"] + counts["hbm"] == pytest.approx(148 + 72 + 19 + 17 + 6 + 6, abs=0.5)
