@@ -114,6 +114,18 @@ def test_v1_reliability_fields_keep_working_and_round_trip():
     assert back.reliability == sc.reliability and back.checkpoint == sc.checkpoint
 
 
+def test_the_new_sections_round_trip_through_the_canonical_mapping():
+    sc = scenario(**{"cluster.storage": {**FSX, "efa": False, "metadata_iops": 24000},
+                     "checkpoint": {"every": "20 min", "async": True, "grads": True, "keep": 3},
+                     "reliability": {"restart": "5 min", "fleet": "meta-rsc1-a100", "rates": {"all": 0.01},
+                                     "run_length": "7 days", "trials": 17},
+                     "data": {"sample_bytes": "2 MB", "prefetch": 0, "samples_per_file": 500}})
+    back = scenario_from_mapping(scenario_to_mapping(sc), file="t.yaml")
+    assert (back.cluster.storage, back.checkpoint, back.reliability, back.data) == (
+        sc.cluster.storage, sc.checkpoint, sc.reliability, sc.data)
+    assert sc.data.sample_bytes == 2e6 and sc.reliability.run_length_s == 7 * 86400
+
+
 def test_the_simulated_best_interval_sits_near_young_and_daly():
     sc = scenario(**{"cluster.storage": {**FSX, "capacity": "10 TiB"}, "checkpoint": {"every": "3 h"},
                      "reliability": {"restart": "10 min", "run_length": "30 days", "rates": {"gpu": 0.002},
