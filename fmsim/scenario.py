@@ -390,7 +390,7 @@ class Checkpoint:
 class Reliability:
     restart_s: float
     node_mtbf_s: float | None = None       # v1: every node alike; else per-component fleet rates
-    fleet: str | None = None               # hardware_catalog/failure_rates.yaml entry (default llama3-405b-h100)
+    fleet: str | None = None               # hardware_catalog/failure_rates.yaml [llama3-405b-h100]
     rates: Mapping[str, float] = field(default_factory=dict)  # component -> interruptions per unit per day
     run_length_s: float | None = None      # wall-clock length to replay (else until train_tokens are done)
     trials: int = 200
@@ -1217,7 +1217,8 @@ def _storage(cl: _Section, catalog: Catalog) -> dict[str, Any] | None:
         out["throughput"] = st.quantity("throughput", parse_rate, expected="a rate like '40 GB/s'")
     if st.has("efa"):
         out["efa"] = st.boolean("efa")
-        if out["efa"] and not (out.get("tier") and catalog.storage_tier(out["tier"]).per_client_efa_bytes_per_s):
+        efa_tier = out.get("tier") and catalog.storage_tier(out["tier"]).per_client_efa_bytes_per_s
+        if out["efa"] and not efa_tier:
             raise st.err("efa", "true needs an FSx for Lustre PERSISTENT_2 tier (EFA is set at creation, "
                                 "PERSISTENT_2 only; expected a fsx-lustre-persistent-2-* tier or efa: false)")
     if st.has("metadata_iops"):
@@ -1564,9 +1565,11 @@ def _reliability(top: _Section) -> Reliability | None:
     sec = top.section("reliability", RELIABILITY_KEYS)
     if sec is None:
         return None
-    restart = sec.quantity("restart", parse_time, minimum=0.0, inclusive=True, expected="a duration like '10 min'")
+    restart = sec.quantity("restart", parse_time, minimum=0.0, inclusive=True,
+                           expected="a duration like '10 min'")
     if sec.has("node_mtbf") and (sec.has("fleet") or sec.has("rates")):
-        raise sec.err("node_mtbf", "give node_mtbf (every node alike) or fleet/rates (per component), not both")
+        raise sec.err("node_mtbf", "give node_mtbf (every node alike) or fleet/rates (per component), "
+                                   "not both")
     fleet = sec.text("fleet", None, nonempty=True)
     if fleet is not None:
         fleets = load_catalog().extra.get("failure_rates", {})
@@ -1576,10 +1579,12 @@ def _reliability(top: _Section) -> Reliability | None:
     if sec.has("rates"):
         rs = sec.raw("rates")
         if not isinstance(rs, Mapping) or not rs:
-            raise sec.err("rates", f"got {_what(rs)} (expected a mapping component: interruptions per unit per day)")
+            raise sec.err("rates", f"got {_what(rs)} (expected a mapping component: interruptions per "
+                                   "unit per day)")
         for comp, v in rs.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise sec.err(f"rates.{comp}", f"got {_what(v)} (expected interruptions per unit per day, >= 0)")
+                raise sec.err(f"rates.{comp}",
+                              f"got {_what(v)} (expected interruptions per unit per day, >= 0)")
             rates[str(comp)] = float(v)
     return Reliability(
         node_mtbf_s=sec.quantity("node_mtbf", parse_time, None, expected="a duration like '1000 h'"),
@@ -1827,7 +1832,8 @@ def load_scenario(
 
 def _reliability_mapping(rel: Reliability) -> dict[str, Any]:
     out: dict[str, Any] = {"restart": rel.restart_s}
-    for key, value in (("node_mtbf", rel.node_mtbf_s), ("fleet", rel.fleet), ("run_length", rel.run_length_s)):
+    for key, value in (("node_mtbf", rel.node_mtbf_s), ("fleet", rel.fleet),
+                       ("run_length", rel.run_length_s)):
         if value is not None:
             out[key] = value
     if rel.rates:

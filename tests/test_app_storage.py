@@ -59,7 +59,8 @@ def test_the_panel_shows_the_apis_storage_and_goodput_figures_and_its_knobs_move
     assert not at.exception
     big = expected(tier, 1000.0, 30.0, False)
     m2 = shown(at)
-    assert m2["Checkpoint write"] == logic.fmt_time(big.metrics["checkpoint_write_s"]) != m["Checkpoint write"]
+    write = logic.fmt_time(big.metrics["checkpoint_write_s"])
+    assert m2["Checkpoint write"] == write != m["Checkpoint write"]
     assert big.metrics["checkpoint_write_s"] < res.metrics["checkpoint_write_s"]
     # the interval curve on request
     charts = len(at.get("vega_lite_chart"))

@@ -180,7 +180,8 @@ def test_s3_checkpoints_are_bounded_by_the_request_rate_and_priced_with_their_re
     res = fmsim.estimate(sc)
     total = res.details["checkpoint"]["bytes"]
     assert res.metrics["checkpoint_write_s"] == pytest.approx(total / (3500 * 16 * 2**20), rel=1e-6)
-    wide = fmsim.estimate(scenario(**{"cluster.storage": {**s3, "prefixes": 100}, "checkpoint": {"every": "1 h"}}))
+    wide = fmsim.estimate(scenario(**{"cluster.storage": {**s3, "prefixes": 100},
+                                      "checkpoint": {"every": "1 h"}}))
     assert wide.metrics["checkpoint_write_s"] < res.metrics["checkpoint_write_s"]
     assert res.metrics["storage_usd"] > 0
 
@@ -205,7 +206,8 @@ BAD = [
      "PERSISTENT_2"),
     ({"cluster.storage": {**FSX, "prefixes": 0}}, "cluster.storage.prefixes", "less than 1"),
     ({"cluster.storage": {**FSX, "throughput": "fast"}}, "cluster.storage.throughput", ""),
-    ({"reliability": {"restart": "10 min", "fleet": "meta-rsc3"}}, "reliability.fleet", "unknown failure-rate"),
+    ({"reliability": {"restart": "10 min", "fleet": "meta-rsc3"}}, "reliability.fleet",
+     "unknown failure-rate"),
     ({"reliability": {"restart": "10 min", "rates": {"gpu": -1}}}, "reliability.rates.gpu", ">= 0"),
     ({"reliability": {"restart": "10 min", "node_mtbf": "100 h", "fleet": "meta-rsc-a100"}},
      "reliability.node_mtbf", "not both"),
@@ -215,7 +217,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("change,field,message", BAD, ids=[b[1] + "-" + str(i) for i, b in enumerate(BAD)])
-def test_malformed_storage_sections_give_one_located_line_and_exit_2(tmp_path, capsys, change, field, message):
+def test_malformed_storage_sections_give_one_located_line_and_exit_2(tmp_path, capsys, change, field,
+                                                                     message):
     data = copy.deepcopy(BASE)
     data.pop("expect", None)
     for path, value in change.items():
@@ -239,7 +242,7 @@ def test_a_bad_fleet_rate_in_a_reliability_override_names_the_component():
 
 
 def test_the_bundled_large_run_prints_its_storage_and_failure_figures(capsys):
-    example = Path(__file__).resolve().parents[1] / "scenarios" / "examples" / "llama3.1-405b-p5en-storage.yaml"
+    example = Path(__file__).resolve().parents[1] / "scenarios/examples/llama3.1-405b-p5en-storage.yaml"
     assert main(["run", "--estimate", str(example)]) == 0
     out = capsys.readouterr().out
     for text in ("storage and failures", "data loading", "stall", "checkpoint", "interruptions",

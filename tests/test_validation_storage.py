@@ -84,7 +84,8 @@ def test_fsx_throughput_follows_awss_worked_examples(tier, capacity_tib, measure
 def test_a_one_pib_class_file_system_reaches_a_terabyte_per_second():
     # STO-016: AWS HPC blog, a 1.1 PiB FSx file system above 1 TB/s (tier not given: the 1,000 MB/s/TiB one)
     inst = load_catalog().instance("p5.48xlarge")
-    fs = file_system({"kind": "fsx-lustre", "tier": "fsx-lustre-persistent-2-1000", "capacity": 1.1 * 2**50}, inst)
+    fs = file_system({"kind": "fsx-lustre", "tier": "fsx-lustre-persistent-2-1000",
+                      "capacity": 1.1 * 2**50}, inst)
     assert fs.read_bytes_per_s > 1e12
     # ... which 2,048 p5 nodes reach over EFA (each up to 1,200 Gbps)
     assert fs.aggregate_bytes_per_s(2048, write=True) == pytest.approx(fs.write_bytes_per_s)

@@ -96,12 +96,14 @@ def render() -> None:
              help="one full write of every rank's shard at once")
     b.metric("Downtime per checkpoint", logic.fmt_time(m.get("checkpoint_downtime_s")))
     c.metric("Expected interruptions", logic.fmt_count(m.get("expected_interruptions")),
-             help=f"p10 {logic.fmt_count(ck.get('interruptions_p10'))}, p90 {logic.fmt_count(ck.get('interruptions_p90'))}")
+             help=f"p10 {logic.fmt_count(ck.get('interruptions_p10'))}, "
+                  f"p90 {logic.fmt_count(ck.get('interruptions_p90'))}")
     d.metric("Goodput", logic.fmt_pct(m.get("goodput")),
              help=f"p10 {logic.fmt_pct(m.get('goodput_p10'))}, p90 {logic.fmt_pct(m.get('goodput_p90'))}")
     e, f, g, h = st.columns(4)
     e.metric("Data-loading stall", logic.fmt_pct(m.get("data_stall_share")), help="share of the step")
-    f.metric("Storage", logic.fmt_usd(m.get("storage_usd")), help="the file system over the run's wall-clock time")
+    f.metric("Storage", logic.fmt_usd(m.get("storage_usd")),
+             help="the file system over the run's wall-clock time")
     g.metric("Compute over the run", logic.fmt_usd(m.get("cost_usd")))
     h.metric("Wall-clock run", logic.fmt_time(m.get("time_to_train_s")),
              help="the useful time divided by the goodput")
@@ -110,8 +112,10 @@ def render() -> None:
         st.altair_chart(curve_chart(ck["interval_curve"], every * 60.0, ck.get("young_interval_s")),
                         width="stretch")
         st.caption(f"Mean goodput of the replayed run against the checkpoint interval; simulated best "
-                   f"{logic.fmt_time(ck.get('best_interval_s'))}, Young {logic.fmt_time(ck.get('young_interval_s'))}, "
+                   f"{logic.fmt_time(ck.get('best_interval_s'))}, "
+                   f"Young {logic.fmt_time(ck.get('young_interval_s'))}, "
                    f"Daly {logic.fmt_time(ck.get('daly_interval_s'))}.")
     if base.reliability is None:
         st.caption("The scenario has no reliability section: interruptions at Llama 3's per-component fleet "
-                   "rates (Table 5) with a 15-minute restart (assumed). docs/storage.md says how it is simulated.")
+                   "rates (Table 5) with a 15-minute restart (assumed). docs/storage.md says how it is "
+                   "simulated.")

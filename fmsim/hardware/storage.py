@@ -106,7 +106,8 @@ class FileSystem:
         """S3 requests for ``total_bytes`` in ``files`` objects (one per part, at least one per file)."""
         return max(float(files), math.ceil(total_bytes / S3_PART_BYTES)) if total_bytes > 0 else 0.0
 
-    def usd(self, *, seconds: float, stored_bytes: float = 0.0, puts: float = 0.0, gets: float = 0.0) -> float | None:
+    def usd(self, *, seconds: float, stored_bytes: float = 0.0, puts: float = 0.0,
+            gets: float = 0.0) -> float | None:
         """Price of keeping the file system ``seconds`` (FSx: its provisioned capacity; S3: ``stored_bytes``)
         plus S3 requests. None when the catalog has no price for the tier."""
         if self.usd_per_gb_month is None:
@@ -150,14 +151,16 @@ def file_system(storage: Mapping[str, Any] | None, instance: Instance, *,
             read = write = per_tib * capacity / TIB
         else:
             read = write = math.inf
-            notes.append("file-system throughput unknown (no tier with a per-TiB rate, capacity or throughput)")
-        if tier is not None and tier.deployment == "scratch-2" and not total and not storage.get("throughput_per_tib"):
+            notes.append("file-system throughput unknown (no tier with a per-TiB rate, capacity or "
+                         "throughput)")
+        explicit = total or storage.get("throughput_per_tib")
+        if tier is not None and tier.deployment == "scratch-2" and not explicit:
             write = read / 2.0                    # scratch-2 disks: 200 MB/s/TiB read, 100 write (S22)
         supports_efa = bool(tier is not None and tier.per_client_efa_bytes_per_s)
         efa = bool(storage.get("efa", supports_efa))
         if efa and not supports_efa:
-            raise ConfigError("cluster.storage.efa: true needs an FSx PERSISTENT_2 tier (EFA is set at creation "
-                              "on PERSISTENT_2 only, catalog S24)")
+            raise ConfigError("cluster.storage.efa: true needs an FSx PERSISTENT_2 tier (EFA is set at "
+                              "creation on PERSISTENT_2 only, catalog S24)")
         meta = float(storage.get("metadata_iops") or DEFAULT_METADATA_IOPS)
         gets = puts = math.inf
     else:

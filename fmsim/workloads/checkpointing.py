@@ -61,7 +61,8 @@ def rank_shard_bytes(plan, *, shard_width: int | None = None, grads: bool = Fals
     return tuple(out)
 
 
-def total_state_bytes(plan, *, shard_width: int | None = None, grads: bool = False, frozen: bool = False) -> float:
+def total_state_bytes(plan, *, shard_width: int | None = None, grads: bool = False,
+                      frozen: bool = False) -> float:
     """The checkpoint over all ranks: every stage's shard times its tp x cp x dp ranks."""
     ranks_per_stage = plan.tp * plan.cp * plan.dp
     return sum(b * ranks_per_stage for b in rank_shard_bytes(plan, shard_width=shard_width, grads=grads,

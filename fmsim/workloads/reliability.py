@@ -77,7 +77,8 @@ def fleet_rates(name: str) -> tuple[dict[str, tuple[str, float]], str]:
     out = {}
     for comp, spec in (entry.get("components") or {}).items():
         unit, rate = spec.get("per"), spec.get("rate")
-        if unit not in COMPONENT_UNITS or isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0:
+        bad_rate = isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0
+        if unit not in COMPONENT_UNITS or bad_rate:
             raise ConfigError(f"failure_rates.{name}.components.{comp}: needs per: one of "
                               f"{', '.join(COMPONENT_UNITS)} and rate >= 0 (got {spec!r})")
         out[str(comp)] = (unit, float(rate))
@@ -141,7 +142,8 @@ def simulate_run(*, rate: float, interval: float | None, downtime: float, recove
         while True:
             x = rng.exponential(1.0 / rate) if rate > 0 else math.inf
             left = useful - done
-            need = left + (downtime * math.floor(left / interval) if interval and math.isfinite(left) else 0.0)
+            ckpts = math.floor(left / interval) if interval and math.isfinite(left) else 0
+            need = left + downtime * ckpts
             cap = wall_limit - wall
             if need <= x and need <= cap:
                 wall += need
@@ -225,7 +227,8 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
         trials = max(8, int(MAX_EVENTS / max(expected, 1.0)))
         if trials == 8 and expected * 8 > 8 * MAX_EVENTS:
             g = _renewal_goodput(lam, interval, stall, recover) if interval else 1.0 / (1.0 + lam * recover)
-            notes.append(f"{expected:.3g} interruptions expected: too many to replay, renewal closed form used")
+            notes.append(f"{expected:.3g} interruptions expected: too many to replay, renewal closed form "
+                         "used")
             return Goodput(g, ckpt_bytes, write_s, stall, lam, young, tuple(notes), restore_s=restore_s,
                            interruptions=expected, by_component=comps)
         notes.append(f"{trials} trials replayed (bounded by {MAX_EVENTS} simulated interruptions)")
@@ -248,8 +251,9 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
     p10, p50, p90 = (float(v) for v in np.percentile(stats.goodput, [10, 50, 90]))
     i10, i90 = (float(v) for v in np.percentile(stats.interruptions, [10, 90]))
     return Goodput(float(stats.goodput.mean()), ckpt_bytes, write_s, stall, lam, young, tuple(notes),
-                   daly_interval_s=daly, best_interval_s=best, interval_curve=tuple(curve), restore_s=restore_s,
-                   interruptions=float(stats.interruptions.mean()), interruptions_p10=i10, interruptions_p90=i90,
+                   daly_interval_s=daly, best_interval_s=best, interval_curve=tuple(curve),
+                   restore_s=restore_s, interruptions=float(stats.interruptions.mean()),
+                   interruptions_p10=i10, interruptions_p90=i90,
                    goodput_p10=p10, goodput_p50=p50, goodput_p90=p90, lost_work_s=float(stats.lost_s.mean()),
                    restart_restore_s=float(stats.recover_s.mean()), wall_s=float(stats.wall_s.mean()),
                    by_component=comps)
@@ -258,11 +262,11 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
 def as_details(g: Goodput) -> dict[str, Any]:
     """The result's ``details['checkpoint']`` record."""
     return {"bytes": g.checkpoint_bytes, "write_s": g.checkpoint_write_s, "stall_s": g.checkpoint_stall_s,
-            "restore_s": g.restore_s, "failures_per_s": g.failures_per_s, "young_interval_s": g.young_interval_s,
-            "daly_interval_s": g.daly_interval_s, "best_interval_s": g.best_interval_s,
-            "interval_curve": [list(c) for c in g.interval_curve],
+            "restore_s": g.restore_s, "failures_per_s": g.failures_per_s,
+            "young_interval_s": g.young_interval_s, "daly_interval_s": g.daly_interval_s,
+            "best_interval_s": g.best_interval_s, "interval_curve": [list(c) for c in g.interval_curve],
             "interruptions": g.interruptions, "interruptions_p10": g.interruptions_p10,
-            "interruptions_p90": g.interruptions_p90, "goodput_p10": g.goodput_p10, "goodput_p50": g.goodput_p50,
-            "goodput_p90": g.goodput_p90, "lost_work_s": g.lost_work_s, "restart_restore_s": g.restart_restore_s,
-            "wall_s": g.wall_s, "interruptions_per_s_by_component": dict(g.by_component),
-            "notes": list(g.notes)}
+            "interruptions_p90": g.interruptions_p90, "goodput_p10": g.goodput_p10,
+            "goodput_p50": g.goodput_p50, "goodput_p90": g.goodput_p90, "lost_work_s": g.lost_work_s,
+            "restart_restore_s": g.restart_restore_s, "wall_s": g.wall_s,
+            "interruptions_per_s_by_component": dict(g.by_component), "notes": list(g.notes)}

@@ -60,8 +60,9 @@ class RunFigures:
             fs = self.fs
             out["storage"] = {"kind": fs.kind, "tier": fs.tier.name if fs.tier else None,
                               "capacity_bytes": fs.capacity_bytes, "read_bytes_per_s": fs.read_bytes_per_s,
-                              "write_bytes_per_s": fs.write_bytes_per_s, "client_bytes_per_s": fs.client_bytes_per_s,
-                              "efa": fs.efa, "usd_per_gb_month": fs.usd_per_gb_month, "price_date": fs.price_date,
+                              "write_bytes_per_s": fs.write_bytes_per_s,
+                              "client_bytes_per_s": fs.client_bytes_per_s, "efa": fs.efa,
+                              "usd_per_gb_month": fs.usd_per_gb_month, "price_date": fs.price_date,
                               "notes": list(fs.notes)}
         if self.data is not None:
             out["data_loading"] = {"bytes_per_step": self.data.bytes_per_step, "read_s": self.data.read_s,
@@ -69,7 +70,8 @@ class RunFigures:
         return out
 
 
-def run_figures(sc, plan, step_s: float, *, train_tokens: float | None, contention: bool = False) -> RunFigures:
+def run_figures(sc, plan, step_s: float, *, train_tokens: float | None,
+                contention: bool = False) -> RunFigures:
     """Storage, data-loading and failure figures of ``sc`` run with ``plan`` at ``step_s`` per step.
     ``contention``: replay the step in the engine beside the file-system traffic that rides EFA
     (the discrete-event path); the analytical path leaves it out."""
@@ -87,7 +89,8 @@ def run_figures(sc, plan, step_s: float, *, train_tokens: float | None, contenti
     step = step_s + stall
     ck = sc.checkpoint
     cost = checkpoint_cost(plan, fs, async_=bool(ck and ck.async_), interval_s=ck.every_s if ck else None,
-                           grads=bool(ck and ck.grads), step_s=step_s, contention=contention and ck is not None,
+                           grads=bool(ck and ck.grads), step_s=step_s,
+                           contention=contention and ck is not None,
                            shard_width=sc.parallelism.shard_width if plan.zero else None,
                            frozen=bool(getattr(sc.workload, "lora_rank", 0)))
     useful = train_tokens / plan.tokens_per_step * step if train_tokens else None
@@ -120,7 +123,8 @@ def summary_lines(details: Any, fmt) -> list[str]:
     if isinstance(st, dict):
         cap = fmt("x_bytes", st["capacity_bytes"]) if st.get("capacity_bytes") else "-"
         out.append(f"    file system       {st.get('tier') or st.get('kind')}, {cap}, read "
-                   f"{fmt('x_bytes', st['read_bytes_per_s'])}/s, per node {fmt('x_bytes', st['client_bytes_per_s'])}/s"
+                   f"{fmt('x_bytes', st['read_bytes_per_s'])}/s, "
+                   f"per node {fmt('x_bytes', st['client_bytes_per_s'])}/s"
                    f"{' over EFA' if st.get('efa') else ''}")
     if isinstance(dl, dict):
         out.append(f"    data loading      {fmt('x_bytes', dl['bytes_per_step'])} per step, read in "
@@ -137,7 +141,8 @@ def summary_lines(details: Any, fmt) -> list[str]:
         lo, hi = ck.get("interruptions_p10"), ck.get("interruptions_p90")
         spread = f" (p10 {lo:.0f}, p90 {hi:.0f})" if lo is not None and hi is not None else ""
         out.append(f"    interruptions     {ck['interruptions']:.1f} expected{spread}; lost work "
-                   f"{fmt('x_s', ck.get('lost_work_s'))}, restart + restore {fmt('x_s', ck.get('restart_restore_s'))}")
+                   f"{fmt('x_s', ck.get('lost_work_s'))}, "
+                   f"restart + restore {fmt('x_s', ck.get('restart_restore_s'))}")
     if ck.get("goodput_p50") is not None:
         out.append(f"    goodput           p10 {ck['goodput_p10']:.2%}, p50 {ck['goodput_p50']:.2%}, "
                    f"p90 {ck['goodput_p90']:.2%}")
