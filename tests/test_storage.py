@@ -288,3 +288,12 @@ def test_every_catalog_fleet_parses_with_a_source_and_llama3s_rates_rebuild_tabl
     counts = {c: rate * units[u] for c, (u, rate) in rates.items()}
     assert sum(counts.values()) == pytest.approx(419, abs=0.5)       # Table 5's unexpected interruptions
     assert counts["gpu"] + counts["hbm"] == pytest.approx(148 + 72 + 19 + 17 + 6 + 6, abs=0.5)
+
+
+def test_a_run_too_flaky_to_replay_stays_bounded_and_says_so():
+    sc = scenario(**{"cluster.storage": FSX, "checkpoint": {"every": "1 h"},
+                     "reliability": {"restart": "10 min", "rates": {"gpu": 1.0}}})
+    res = fmsim.estimate(sc)          # 128 GPU failures a day against hourly checkpoints: no progress
+    notes = " ".join(res.details["checkpoint"]["notes"])
+    assert "renewal closed form" in notes and "faster than the run can make progress" in notes
+    assert 0 <= res.metrics["goodput"] < 0.05 and res.metrics["expected_interruptions"] > 1e6

@@ -128,12 +128,15 @@ class RunStats:
 
 
 def simulate_run(*, rate: float, interval: float | None, downtime: float, recover: float,
-                 useful: float = math.inf, wall_limit: float = math.inf, trials: int, seed: int) -> RunStats:
+                 useful: float = math.inf, wall_limit: float = math.inf, trials: int, seed: int,
+                 max_events: int = 8 * MAX_EVENTS) -> RunStats | None:
     """Replay a run ``trials`` times: Poisson interruptions at ``rate`` per second of running time; a
     checkpoint of ``downtime`` after every ``interval`` of useful work; each interruption loses the work
     and checkpoint time since the last completed checkpoint and costs ``recover`` (restart + restore).
-    Stops at ``useful`` seconds of work done or ``wall_limit`` of wall-clock time, whichever first."""
+    Stops at ``useful`` seconds of work done or ``wall_limit`` of wall-clock time, whichever first.
+    None when the trials together would take more than ``max_events`` interruptions (time bound)."""
     rng = np.random.default_rng(seed)
+    events = 0
     cycle = (interval + downtime) if interval else math.inf
     out = np.zeros((5, trials))
     for t in range(trials):
@@ -166,6 +169,9 @@ def simulate_run(*, rate: float, interval: float | None, downtime: float, recove
             else:
                 done += x                 # no checkpoint section: the lost work is not known, none counted
             n += 1
+            events += 1
+            if events > max_events:
+                return None
             step = min(recover, wall_limit - wall - x)
             wall += x + step
             rec += step
@@ -220,21 +226,26 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
                      "from the renewal closed form, no interruption count")
         return Goodput(g, ckpt_bytes, write_s, stall, lam, young, tuple(notes), restore_s=restore_s,
                        by_component=comps)
-    horizon = min(useful / max(base, 1e-9), wall_limit)
+    renewal = _renewal_goodput(lam, interval, stall, recover) if interval else 1.0 / (1.0 + lam * recover)
+    horizon = min(useful / max(renewal, 1e-12), wall_limit)
     expected = lam * horizon
     trials = rel.trials
+    stats = None
     if expected * trials > MAX_EVENTS:
         trials = max(8, int(MAX_EVENTS / max(expected, 1.0)))
-        if trials == 8 and expected * 8 > 8 * MAX_EVENTS:
-            g = _renewal_goodput(lam, interval, stall, recover) if interval else 1.0 / (1.0 + lam * recover)
-            notes.append(f"{expected:.3g} interruptions expected: too many to replay, renewal closed form "
-                         "used")
-            return Goodput(g, ckpt_bytes, write_s, stall, lam, young, tuple(notes), restore_s=restore_s,
-                           interruptions=expected, by_component=comps)
+    if expected <= MAX_EVENTS:
+        stats = simulate_run(rate=lam, interval=interval, downtime=stall, recover=recover, useful=useful,
+                             wall_limit=wall_limit, trials=trials, seed=sc.seed)
+    if stats is None:
+        # too many interruptions to replay in bounded time: the renewal closed form stands for the run
+        notes.append(f"{expected:.3g} interruptions expected: too many to replay, renewal closed form used")
+        if renewal < 0.05:
+            notes.append("failures arrive faster than the run can make progress")
+        return Goodput(renewal, ckpt_bytes, write_s, stall, lam, young, tuple(notes), restore_s=restore_s,
+                       interruptions=expected, by_component=comps)
+    if trials < rel.trials:
         notes.append(f"{trials} trials replayed (bounded by {MAX_EVENTS} simulated interruptions)")
-    stats = simulate_run(rate=lam, interval=interval, downtime=stall, recover=recover, useful=useful,
-                         wall_limit=wall_limit, trials=trials, seed=sc.seed)
-    if stats.goodput.mean() <= 0.0:
+    if stats.goodput.mean() <= 0.05:
         notes.append("failures arrive faster than the run can make progress")
     daly = daly_interval(stall, 1.0 / lam) if stall else None
     curve: list[tuple[float, float]] = []
@@ -242,11 +253,14 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
     if young:
         lo = max(min_interval_s, young / 8.0)
         grid = sorted({max(lo, young * 2.0 ** (k / 2.0)) for k in range(-6, 7)})
-        sweep_trials = max(8, min(48, trials // 4))
+        # the sweep gets the same event budget as the replay, spread over the grid
+        sweep_trials = max(1, min(48, trials // 4 or 1, int(MAX_EVENTS / (len(grid) * max(expected, 1.0)))))
         for iv in grid:
             st = simulate_run(rate=lam, interval=iv, downtime=stall, recover=recover, useful=useful,
-                              wall_limit=wall_limit, trials=sweep_trials, seed=sc.seed)
-            curve.append((iv, float(st.goodput.mean())))
+                              wall_limit=wall_limit, trials=sweep_trials, seed=sc.seed,
+                              max_events=MAX_EVENTS // len(grid))
+            curve.append((iv, float(st.goodput.mean()) if st is not None
+                           else _renewal_goodput(lam, iv, stall, recover)))
         best = max(curve, key=lambda c: c[1])[0]
     p10, p50, p90 = (float(v) for v in np.percentile(stats.goodput, [10, 50, 90]))
     i10, i90 = (float(v) for v in np.percentile(stats.interruptions, [10, 90]))
