@@ -251,6 +251,9 @@ def _print_result(sc: Any, res: Any) -> None:
         for label, key in (("per GPU", "host_bytes_per_gpu"), ("per node", "host_bytes_per_node"),
                            ("node has", "host_memory_per_node")):
             print(f"    {label.ljust(width - 2)}{format_column('x_bytes', offload.get(key))}")
+    from .workloads.storage_run import summary_lines    # storage and failures (docs/storage.md)
+    for line in summary_lines(details, format_column):
+        print(line)
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")

@@ -21,6 +21,10 @@ TRAINING_COLUMNS = (
     "vpp", "zero", "dp_shard", "micro_batch", "global_batch", "num_microbatches", "precision", "recompute",
     # layers per virtual stage full recompute covers (parallelism.recompute_layers), empty when every one
     "recompute_layers",
+    # storage and failures over the run (docs/storage.md): storage dollars, the data-loading stall's share of
+    # the step, training time lost per checkpoint, interruptions expected over the run, goodput's p10 / p90
+    "storage_usd", "data_stall_share", "checkpoint_downtime_s", "expected_interruptions", "goodput_p10",
+    "goodput_p90",
 )
 
 INFERENCE_COLUMNS = (

@@ -104,6 +104,7 @@ TOP_KEYS = (
     "pricing",
     "checkpoint",
     "reliability",
+    "data",
     "measured",
     "expect",
     *EXTRA_SECTIONS,
@@ -187,9 +188,13 @@ CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", 
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
 NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription", "in_network_reduction")
-STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity")
-CHECKPOINT_KEYS = ("every", "async")
-RELIABILITY_KEYS = ("node_mtbf", "restart")
+STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity", "throughput", "efa",
+                "metadata_iops", "prefixes")
+CHECKPOINT_KEYS = ("every", "async", "grads", "keep")
+RELIABILITY_KEYS = ("node_mtbf", "restart", "fleet", "rates", "run_length", "trials")
+#: ``data:`` (fmsim/workloads/data_loading.py): what one training sample weighs and where it is read from
+DATA_KEYS = ("bytes_per_token", "sample_bytes", "prefetch", "source", "samples_per_file")
+DATA_SOURCES = ("storage", "local")
 MEASURED_STRING_KEYS = ("source", "flops_formula", "peak", "notes")
 EXPECT_KEYS = ("value", "rel_tol", "abs_tol")
 FLOPS_METRICS = ("model_tflops_per_gpu", "mfu", "hfu")
@@ -383,12 +388,29 @@ class Pricing:
 class Checkpoint:
     every_s: float
     async_: bool = False
+    grads: bool = False          # save the fp32 gradients too
+    keep: int = 1                # checkpoints kept on the storage (priced)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reliability:
-    node_mtbf_s: float
     restart_s: float
+    node_mtbf_s: float | None = None       # v1: every node alike; else per-component fleet rates
+    fleet: str | None = None               # hardware_catalog/failure_rates.yaml [llama3-405b-h100]
+    rates: Mapping[str, float] = field(default_factory=dict)  # component -> interruptions per unit per day
+    run_length_s: float | None = None      # wall-clock length to replay (else until train_tokens are done)
+    trials: int = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """``data:``: bytes read per sample and where from (fmsim/workloads/data_loading.py)."""
+
+    bytes_per_token: float = 4.0           # pre-tokenised text: int32 token ids (vocabularies over 65,536)
+    sample_bytes: float | None = None      # a whole sample (multimodal), instead of tokens x bytes_per_token
+    prefetch: int = 2                      # batches read ahead (PyTorch DataLoader prefetch_factor default)
+    source: str = "storage"                # storage (cluster.storage) | local (node-local copy: no stall)
+    samples_per_file: int | None = None    # for the metadata operations (one open per file)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -428,6 +450,7 @@ class Scenario:
     pricing: Pricing = field(default_factory=Pricing)
     checkpoint: Checkpoint | None = None
     reliability: Reliability | None = None
+    data: DataSpec | None = None
     measured: Mapping[str, float] = field(default_factory=dict)  # column -> value (column's unit)
     measured_source: str = ""
     measured_notes: Mapping[str, str] = field(default_factory=dict)  # flops_formula, peak, notes
@@ -1196,6 +1219,18 @@ def _storage(cl: _Section, catalog: Catalog) -> dict[str, Any] | None:
         )
     if st.has("capacity"):
         out["capacity"] = st.quantity("capacity", parse_bytes, expected="a size like '480 TiB'")
+    if st.has("throughput"):
+        out["throughput"] = st.quantity("throughput", parse_rate, expected="a rate like '40 GB/s'")
+    if st.has("efa"):
+        out["efa"] = st.boolean("efa")
+        efa_tier = out.get("tier") and catalog.storage_tier(out["tier"]).per_client_efa_bytes_per_s
+        if out["efa"] and not efa_tier:
+            raise st.err("efa", "true needs an FSx for Lustre PERSISTENT_2 tier (EFA is set at creation, "
+                                "PERSISTENT_2 only; expected a fsx-lustre-persistent-2-* tier or efa: false)")
+    if st.has("metadata_iops"):
+        out["metadata_iops"] = st.integer("metadata_iops", minimum=1, maximum=10_000_000)
+    if st.has("prefixes"):
+        out["prefixes"] = st.integer("prefixes", minimum=1, maximum=1_000_000)
     return out
 
 
@@ -1528,6 +1563,8 @@ def _checkpoint(top: _Section) -> Checkpoint | None:
     return Checkpoint(
         every_s=sec.quantity("every", parse_time, expected="a duration like '30 min'"),
         async_=sec.boolean("async", False),
+        grads=sec.boolean("grads", False),
+        keep=sec.integer("keep", 1, minimum=1, maximum=10_000),
     )
 
 
@@ -1535,11 +1572,49 @@ def _reliability(top: _Section) -> Reliability | None:
     sec = top.section("reliability", RELIABILITY_KEYS)
     if sec is None:
         return None
+    restart = sec.quantity("restart", parse_time, minimum=0.0, inclusive=True,
+                           expected="a duration like '10 min'")
+    if sec.has("node_mtbf") and (sec.has("fleet") or sec.has("rates")):
+        raise sec.err("node_mtbf", "give node_mtbf (every node alike) or fleet/rates (per component), "
+                                   "not both")
+    fleet = sec.text("fleet", None, nonempty=True)
+    if fleet is not None:
+        fleets = load_catalog().extra.get("failure_rates", {})
+        if fleet not in fleets:
+            raise sec.err("fleet", f"unknown failure-rate fleet {fleet!r}{suggest(fleet, list(fleets))}")
+    rates: dict[str, float] = {}
+    if sec.has("rates"):
+        rs = sec.raw("rates")
+        if not isinstance(rs, Mapping) or not rs:
+            raise sec.err("rates", f"got {_what(rs)} (expected a mapping component: interruptions per "
+                                   "unit per day)")
+        for comp, v in rs.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise sec.err(f"rates.{comp}",
+                              f"got {_what(v)} (expected interruptions per unit per day, >= 0)")
+            rates[str(comp)] = float(v)
     return Reliability(
-        node_mtbf_s=sec.quantity("node_mtbf", parse_time, expected="a duration like '1000 h'"),
-        restart_s=sec.quantity(
-            "restart", parse_time, minimum=0.0, inclusive=True, expected="a duration like '10 min'"
-        ),
+        node_mtbf_s=sec.quantity("node_mtbf", parse_time, None, expected="a duration like '1000 h'"),
+        restart_s=restart,
+        fleet=fleet,
+        rates=rates,
+        run_length_s=sec.quantity("run_length", parse_time, None, expected="a duration like '54 days'"),
+        trials=sec.integer("trials", 200, minimum=1, maximum=10_000),
+    )
+
+
+def _data(top: _Section) -> DataSpec | None:
+    sec = top.section("data", DATA_KEYS)
+    if sec is None:
+        return None
+    if sec.has("bytes_per_token") and sec.has("sample_bytes"):
+        raise sec.err("sample_bytes", "give bytes_per_token (text) or sample_bytes (whole samples), not both")
+    return DataSpec(
+        bytes_per_token=sec.quantity("bytes_per_token", parse_bytes, 4.0, expected="a size like '4 B'"),
+        sample_bytes=sec.quantity("sample_bytes", parse_bytes, None, expected="a size like '1.5 MB'"),
+        prefetch=sec.integer("prefetch", 2, minimum=0, maximum=1024),
+        source=sec.choice("source", DATA_SOURCES, "storage"),
+        samples_per_file=sec.integer("samples_per_file", None, minimum=1, maximum=10**12),
     )
 
 
@@ -1721,6 +1796,7 @@ def scenario_from_mapping(
         pricing=pricing,
         checkpoint=_checkpoint(top),
         reliability=_reliability(top),
+        data=_data(top),
         measured=measured,
         measured_source=measured_source,
         measured_notes=measured_notes,
@@ -1759,6 +1835,19 @@ def load_scenario(
 
 # ----------------------------------------------------------------------------------------------
 # writing back
+
+
+def _reliability_mapping(rel: Reliability) -> dict[str, Any]:
+    out: dict[str, Any] = {"restart": rel.restart_s}
+    for key, value in (("node_mtbf", rel.node_mtbf_s), ("fleet", rel.fleet),
+                       ("run_length", rel.run_length_s)):
+        if value is not None:
+            out[key] = value
+    if rel.rates:
+        out["rates"] = dict(rel.rates)
+    if rel.trials != 200:
+        out["trials"] = rel.trials
+    return out
 
 
 def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict[str, Any]:
@@ -1865,8 +1954,18 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
     )
     if sc.checkpoint is not None:
         out["checkpoint"] = {"every": sc.checkpoint.every_s, "async": sc.checkpoint.async_}
+        if sc.checkpoint.grads:
+            out["checkpoint"]["grads"] = True
+        if sc.checkpoint.keep != 1:
+            out["checkpoint"]["keep"] = sc.checkpoint.keep
     if sc.reliability is not None:
-        out["reliability"] = {"node_mtbf": sc.reliability.node_mtbf_s, "restart": sc.reliability.restart_s}
+        out["reliability"] = _reliability_mapping(sc.reliability)
+    if sc.data is not None:
+        d = sc.data
+        out["data"] = {k: v for k, v in (("bytes_per_token", None if d.sample_bytes else d.bytes_per_token),
+                                         ("sample_bytes", d.sample_bytes), ("prefetch", d.prefetch),
+                                         ("source", d.source), ("samples_per_file", d.samples_per_file))
+                       if v is not None}
     if sc.measured:
         measured: dict[str, Any] = dict(sc.measured)
         measured["source"] = sc.measured_source

@@ -504,7 +504,10 @@ def test_sync_checkpoints_and_failures_lengthen_time_to_train_and_async_helps():
     expected = 70.55e9 * 14 / min(100 * 250e6, 8 * 150e9)
     assert write == pytest.approx(expected, rel=0.01)
     assert sync.metrics["goodput"] == pytest.approx(1 / (1 + write / 1800), rel=1e-9)
-    assert asyn.metrics["goodput"] == 1.0 > sync.metrics["goodput"] > flaky.metrics["goodput"] > 0
+    # asynchronous: only the device-to-host copy of each rank's shard stalls training (docs/storage.md)
+    copy = asyn.details["checkpoint"]["device_to_host_s"]
+    assert 0 < copy < write and asyn.metrics["goodput"] == pytest.approx(1 / (1 + copy / 1800), rel=1e-9)
+    assert 1.0 > asyn.metrics["goodput"] > sync.metrics["goodput"] > flaky.metrics["goodput"] > 0
     assert flaky.metrics["time_to_train_s"] > sync.metrics["time_to_train_s"] > base.metrics["time_to_train_s"]
     assert flaky.details["checkpoint"]["young_interval_s"] > 0
 

@@ -362,3 +362,4 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
 
 
 main()
+__import__("explorer.storage_panel", fromlist=["render"]).render()  # storage and goodput panel (issue 30)

@@ -20,7 +20,7 @@ from ..model.flops import attention_flops_per_token, lora_flops_per_token, model
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
-from .reliability import goodput
+from .storage_run import run_figures
 
 
 def link_capacities(plan: Plan) -> dict[tuple[str, int], float]:
@@ -438,6 +438,7 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
         "comm_offload": "activation copies to host memory: offload fewer layers, or a faster host link (Grace C2C)",
         "optimizer": "optimizer step: shard it wider (ZeRO over more ranks)",
         "recompute": "activation recompute: selective instead of full, or more memory per GPU",
+        "data_stall": "data loading: a faster or larger file system (cluster.storage), or a node-local copy",
     }.get(worst, worst)
     return worst, f"{share:.0%} of the step is {advice}"
 
@@ -445,6 +446,11 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
 def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, details: dict[str, Any]) -> Result:
     from ..cost import price_for
 
+    # storage and failures (storage_run.py): the data-loading stall joins the step, the run's goodput
+    run = run_figures(sc, plan, step, train_tokens=getattr(sc.workload, "train_tokens", None),
+                      contention=details.get("engine") == "des")
+    if run.stall_s:
+        step, breakdown = run.step_s, {**breakdown, "data_stall": run.stall_s}
     tokens = plan.tokens_per_step
     mem = plan.memory
     worst = max(range(plan.pp), key=lambda s: mem[s].total)
@@ -486,8 +492,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     nodes = plan.nodes
     usd_per_step = price.usd_per_hour * nodes * step / 3600.0 if price.usd_per_hour else None
     train_tokens = getattr(sc.workload, "train_tokens", None)
-    trained = plan.model.total_lora_params(w.lora_rank, w.lora_modules) if w.lora_rank else plan.model.num_params
-    good = goodput(sc, float(trained))
+    good = run.good
     # wall-clock time to train: useful steps divided by the goodput (checkpoints, failures)
     time_to_train = train_tokens / tokens * step / good.goodput if (train_tokens and good.goodput) else None
     gpu_hours = plan.gpus * time_to_train / 3600.0 if time_to_train else None
@@ -506,12 +511,11 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         "micro_batch": plan.micro_batch, "global_batch": plan.global_batch,
         "num_microbatches": plan.num_microbatches, "precision": plan.precision, "recompute": plan.recompute,
         "recompute_layers": sc.parallelism.recompute_layers or None,
+        **run.metrics(sc, time_to_train, train_tokens / tokens if train_tokens else None),
     }
     det = dict(details)
     det["bottleneck"] = sentence
-    det["checkpoint"] = {"bytes": good.checkpoint_bytes, "write_s": good.checkpoint_write_s,
-                         "stall_s": good.checkpoint_stall_s, "failures_per_s": good.failures_per_s,
-                         "young_interval_s": good.young_interval_s, "notes": list(good.notes)}
+    det.update(run.details())
     if not hbm_fits:
         # the typed error a strict caller would raise (plan.memory[s].require_fit); kept as text so
         # what-if faces can still show the step time of a plan that needs a bigger GPU

@@ -1,0 +1,130 @@
+"""Checkpoints as the plan shards them: what each rank writes, how long the write and the restore take,
+and what a synchronous or asynchronous save costs the training run.
+
+Owns :func:`checkpoint_cost`:
+
+* **What is saved.** Each rank saves its share of the training state from the parallel layout and the
+  ZeRO stage -- the bf16 weights it holds and its fp32 master weights and Adam moments
+  (:mod:`fmsim.model.memory`, per pipeline stage), and its fp32 gradients with ``checkpoint.grads`` --
+  divided by the number of ranks holding the same copy: PyTorch DCP (``dedup_replicated_tensors``) and
+  Megatron's fully parallel save write a replicated tensor once, so the shards over all ranks add up to
+  the full state (weights over dp x cp replicas, ZeRO-sharded optimizer state over dp / dp_shard).
+* **Write.** All nodes write at once: the slower of the file system's aggregate rate shared by the nodes
+  (:meth:`fmsim.hardware.storage.FileSystem.transfer_s`) and the most loaded node at its client limit.
+* **Synchronous** save (torch DCP ``save``, Megatron without ``--async-save``): training waits for the
+  whole write. **Asynchronous** (DCP ``async_save``, Megatron ``--async-save``): training waits for the
+  device-to-host copy of the rank's shard over its host link (PCIe / NVLink-C2C, catalog ``host_link``),
+  then the write runs behind the next steps -- over the same EFA NICs as the collectives when the file
+  system is EFA-attached, which slows those steps (:func:`contended_step_s`, the engine's flows) -- and
+  stalls training again only if it outlasts the checkpoint interval.
+* **Restore** after an interruption: every rank reads its shard back at the file system's read rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..hardware.storage import FileSystem
+from ..model.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointCost:
+    total_bytes: float                   # the whole checkpoint, all ranks
+    rank_bytes: tuple[float, ...]        # per pipeline stage: one rank's shard
+    node_bytes: float                    # the most loaded node's share
+    write_s: float | None                # one full write (None: no file system)
+    restore_s: float | None              # one full read back
+    copy_s: float                        # device -> host copy of a rank's shard (async)
+    downtime_s: float | None             # training time lost per checkpoint
+    slowdown: float = 1.0                # step time beside the background write / without it (async, EFA)
+    requests: float = 0.0                # S3 PUT requests per checkpoint
+    mode: str = "sync"
+
+
+def rank_shard_bytes(plan, *, shard_width: int | None = None, grads: bool = False,
+                     frozen: bool = False) -> tuple[float, ...]:
+    """Bytes one rank of each pipeline stage saves (replicated tensors counted once over their replicas);
+    ``shard_width``: the data-parallel ranks one ZeRO shard group spans (dp unless hybrid sharding)."""
+    shard = max(1, shard_width or plan.dp)
+    weight_copies = plan.dp * plan.cp if plan.zero < 3 else max(1, plan.dp // shard)
+    opt_copies = plan.dp * plan.cp if plan.zero < 1 else max(1, plan.dp // shard)
+    grad_copies = plan.dp * plan.cp if plan.zero < 2 else max(1, plan.dp // shard)
+    out = []
+    for mem in plan.memory:
+        # LoRA (``frozen``): the base weights are not saved, only the adapters' bf16 weights and their
+        # optimizer state (what the optimizer holds: 12 B per trained parameter, so 2/12 of it again)
+        w = mem.optimizer * WEIGHT_BYTES / OPTIMIZER_BYTES if frozen else mem.weights
+        b = w / (opt_copies if frozen else weight_copies) + mem.optimizer / opt_copies
+        if grads:
+            b += mem.gradients / grad_copies
+        out.append(b)
+    return tuple(out)
+
+
+def total_state_bytes(plan, *, shard_width: int | None = None, grads: bool = False,
+                      frozen: bool = False) -> float:
+    """The checkpoint over all ranks: every stage's shard times its tp x cp x dp ranks."""
+    ranks_per_stage = plan.tp * plan.cp * plan.dp
+    return sum(b * ranks_per_stage for b in rank_shard_bytes(plan, shard_width=shard_width, grads=grads,
+                                                              frozen=frozen))
+
+
+def contended_step_s(plan, step_s: float, *, tx_per_gpu: float = 0.0, rx_per_gpu: float = 0.0) -> float:
+    """Step time when file-system traffic of ``tx_per_gpu`` / ``rx_per_gpu`` bytes/s per GPU crosses the
+    same NICs as the step's collectives: the step's jobs are replayed in the engine with one more flow
+    per stage and direction, capped at that rate by a link of its own, sharing the NIC max-min fairly."""
+    if tx_per_gpu <= 0 and rx_per_gpu <= 0:
+        return step_s
+    from ..engine.des import Job, run_jobs
+    from .pretrain import build_jobs, link_capacities   # deferred: pretrain imports this module's users
+
+    jobs = list(build_jobs(plan))
+    caps = dict(link_capacities(plan))
+    horizon = 4.0 * step_s
+    keys = {j.key for j in jobs}
+    for s in range(plan.pp):
+        for way, rate in (("tx", tx_per_gpu), ("rx", rx_per_gpu)):
+            if rate > 0:
+                caps[("fs-" + way, s)] = rate
+                # lasts past the step at its own rate: the duration is priced at the slowest link it crosses
+                jobs.append(Job(f"fs-{way}{s}", None, horizon, links=((way, s), ("fs-" + way, s)),
+                                category="storage", label=f"file-system {way}"))
+    run = run_jobs(jobs, caps, contention=True, record=False)
+    return max(e for k, e in run.end_s.items() if k in keys)
+
+
+def checkpoint_cost(plan, fs: FileSystem | None, *, async_: bool, interval_s: float | None,
+                    grads: bool = False, step_s: float | None = None, contention: bool = True,
+                    shard_width: int | None = None, frozen: bool = False) -> CheckpointCost:
+    """Bytes, write, restore and downtime of one checkpoint of ``plan`` to ``fs`` (see module docstring)."""
+    ranks = rank_shard_bytes(plan, shard_width=shard_width, grads=grads, frozen=frozen)
+    total = total_state_bytes(plan, shard_width=shard_width, grads=grads, frozen=frozen)
+    gpn = plan.instance.num_accelerators
+    node_bytes = max(ranks) * gpn
+    host = plan.instance.accelerator.host_link_bytes_per_s
+    copy_s = max(ranks) / host if host else 0.0
+    if fs is None:
+        return CheckpointCost(total_bytes=total, rank_bytes=ranks, node_bytes=node_bytes, write_s=None,
+                              restore_s=None, copy_s=copy_s, downtime_s=None,
+                              mode="async" if async_ else "sync")
+    nodes = plan.nodes
+    write_s = max(fs.transfer_s(total, nodes, write=True), node_bytes / fs.client_bytes_per_s)
+    restore_s = max(fs.transfer_s(total, nodes, write=False), node_bytes / fs.client_bytes_per_s)
+    puts = fs.requests(total, files=plan.gpus) if fs.is_s3 else 0.0
+    if not async_:
+        return CheckpointCost(total_bytes=total, rank_bytes=ranks, node_bytes=node_bytes, write_s=write_s,
+                              restore_s=restore_s, copy_s=copy_s, downtime_s=write_s, requests=puts)
+    slowdown = 1.0
+    if fs.efa and step_s and contention and write_s > 0:
+        per_gpu = total / write_s / plan.gpus
+        slowdown = contended_step_s(plan, step_s, tx_per_gpu=per_gpu) / step_s
+    # steps beside the write run slower: the time lost is the write's length times the slowed share
+    behind = write_s * (1.0 - 1.0 / slowdown)
+    over = max(0.0, write_s - interval_s) if interval_s else 0.0
+    return CheckpointCost(total_bytes=total, rank_bytes=ranks, node_bytes=node_bytes, write_s=write_s,
+                          restore_s=restore_s, copy_s=copy_s, downtime_s=copy_s + behind + over,
+                          slowdown=slowdown, requests=puts, mode="async")
+
+
+__all__ = ["CheckpointCost", "checkpoint_cost", "contended_step_s", "rank_shard_bytes", "total_state_bytes",
+           "GRAD_BYTES"]

@@ -1,0 +1,99 @@
+"""Storage and interruption predictions against published figures (scenarios/validation/storage).
+
+Issue 30 sets targets of 25 % on interruption counts and on checkpoint downtime. Measured 2026-12-01
+(signed errors, each predicted from rates that did not come from the run it is checked on):
+
+* Llama 3 405B, 54 days, from Meta's research-cluster rate: +26.2 % (419 unexpected interruptions);
+* OPT-175B, two months, from Llama 3's rates (hardware only): -34.0 % (at least 35 manual restarts);
+* BLOOM-176B, 117 days, from Llama 3's GPU and HBM rates: -46.9 % (1-2 GPU failures a week);
+* PyTorch DCP 7B, synchronous save: +333 % -- the source names neither GPUs nor storage, both assumed;
+* PyTorch DCP 7B, asynchronous save: -98 % -- the model's downtime is the PCIe copy of each shard; the
+  measured 6.3 s is dominated by what the model lacks (save planning, unpinned staging);
+* NeMo Automodel Llama 3 8B on 8 H100, asynchronous save: -59.3 % (0.22 s predicted, 0.54 s blocked).
+
+None but Llama 3 comes near the targets; the tests below guard today's level (each error within its
+figure plus a margin) so a change that moves them is seen, and the FSx throughput rule against AWS's
+worked examples and Llama 3's per-GPU checkpoint sizes.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import fmsim
+from fmsim.catalog import load_catalog
+from fmsim.hardware.storage import file_system
+from fmsim.parallel.strategy import build_plan
+from fmsim.scenario import load_scenario
+from fmsim.validate import validate_scenarios
+from fmsim.workloads.checkpointing import rank_shard_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+DIR = ROOT / "scenarios" / "validation" / "storage"
+CASES = sorted(DIR.glob("*.yaml"))
+#: today's signed error in % per scenario, and the margin (points) it may move before the test fails
+TODAY = {
+    "llama3-405b-interruptions": (26.2, 6.0),
+    "opt-175b-restarts": (-34.0, 6.0),
+    "bloom-176b-gpu-failures": (-46.9, 6.0),
+    "dcp-7b-sync-checkpoint": (332.8, 15.0),
+    "dcp-7b-async-checkpoint": (-98.3, 1.5),
+    "automodel-8b-async-checkpoint": (-59.3, 6.0),
+}
+
+
+@lru_cache(maxsize=1)
+def rows():
+    out = validate_scenarios((load_scenario(p) for p in CASES), fmsim.simulate, jobs=1)
+    assert not [r.error for r in out if r.error], [r.error for r in out if r.error]
+    return {r.scenario: r.error_pct for r in out}
+
+
+def test_every_storage_validation_file_is_compared():
+    assert set(rows()) == set(TODAY) == {p.stem for p in CASES}
+
+
+@pytest.mark.parametrize("name", sorted(TODAY))
+def test_storage_validation_errors_stay_at_todays_level(name):
+    err, margin = TODAY[name]
+    assert rows()[name] == pytest.approx(err, abs=margin)
+
+
+def test_interruption_counts_median_error_is_guarded():
+    errs = sorted(abs(rows()[n]) for n in ("llama3-405b-interruptions", "opt-175b-restarts",
+                                            "bloom-176b-gpu-failures"))
+    assert errs[1] <= 34.0 + 6.0          # median of the three counts
+    assert errs[-1] <= 46.9 + 6.0         # worst
+
+
+@pytest.mark.parametrize("tier,capacity_tib,measured_mb_s,tol", [
+    # STO-011: FSx API example, 2.4 TiB x 50 MB/s/TiB = 120 MB/s
+    ("fsx-lustre-persistent-1-50", 2.4, 120.0, 0.001),
+    # STO-012: archived FSx guide, 4.8 TiB at 50 MB/s/TiB: 'aggregate baseline 234 MB/s' (+2.6 %: the
+    # guide's own rounding of the capacity)
+    ("fsx-lustre-persistent-1-50", 4.8, 234.0, 0.03),
+])
+def test_fsx_throughput_follows_awss_worked_examples(tier, capacity_tib, measured_mb_s, tol):
+    inst = load_catalog().instance("p5.48xlarge")
+    fs = file_system({"kind": "fsx-lustre", "tier": tier, "capacity": capacity_tib * 2**40}, inst)
+    assert fs.read_bytes_per_s / 1e6 == pytest.approx(measured_mb_s, rel=tol)
+
+
+def test_a_one_pib_class_file_system_reaches_a_terabyte_per_second():
+    # STO-016: AWS HPC blog, a 1.1 PiB FSx file system above 1 TB/s (tier not given: the 1,000 MB/s/TiB one)
+    inst = load_catalog().instance("p5.48xlarge")
+    fs = file_system({"kind": "fsx-lustre", "tier": "fsx-lustre-persistent-2-1000",
+                      "capacity": 1.1 * 2**50}, inst)
+    assert fs.read_bytes_per_s > 1e12
+    # ... which 2,048 p5 nodes reach over EFA (each up to 1,200 Gbps)
+    assert fs.aggregate_bytes_per_s(2048, write=True) == pytest.approx(fs.write_bytes_per_s)
+
+
+def test_llama3_per_gpu_checkpoint_shards_fall_in_the_published_range():
+    # STO-028: 'each GPU's model state', 1 MB to 4 GB per GPU, on 16k H100
+    sc = load_scenario(DIR / "llama3-405b-interruptions.yaml")
+    plan = build_plan(sc)
+    shards = rank_shard_bytes(plan, shard_width=sc.parallelism.shard_width)
+    assert all(1e6 <= b <= 4e9 for b in shards), shards
