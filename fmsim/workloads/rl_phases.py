@@ -1,0 +1,321 @@
+"""The phases of one RL step, each priced by a simulator that already exists (no new cost physics).
+
+* rollouts: the prompt and response lengths of a step, drawn once with the scenario's seeded
+  generator (the response cap truncates the tail);
+* generation: the serving compile step (:func:`fmsim.workloads.inference.build_plan`: engine profile,
+  KV capacity) and its continuous-batching engine (:class:`fmsim.engine.serving_des.ReplicaEngine`),
+  fed a step's offline batch of sample groups. Identical engines are folded: groups are dealt to
+  the engines round-robin (as NeMo RL / OpenRLHF shard a batch over their vLLM workers) and only the
+  engines that can be the slowest -- the one holding the longest response, the one with the most
+  tokens -- are simulated; the step waits for the slower;
+* log-prob, value and reward-model passes: forward-only pipelines over the training plan's stage
+  costs (:mod:`fmsim.parallel.strategy`), on the generated sequences packed into training sequences;
+* the policy (and critic) update: the training step of :mod:`fmsim.workloads.pretrain` (its job graph
+  on the DES, or its estimate), once per optimizer step;
+* weight sync: the fabric's collectives (:func:`fmsim.hardware.collectives.collective_time`) over the
+  placed group, the host link, HBM and storage bandwidths of the catalog.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import simpy
+
+from ..engine.des import run_jobs
+from ..engine.serving_des import Job, ReplicaEngine
+from ..errors import ConfigError, InfeasibleError, OutOfMemoryError, ParallelismError
+from ..hardware.collectives import GroupShape, collective_time
+from ..model.kernels import BYTES_PER_ELEMENT
+from ..parallel.strategy import Plan, build_plan
+from .inference import Pool
+from .inference import build_plan as build_serving_plan
+from .inference_spec import InferenceSpec, TestTimeComputeSpec, TrafficSpec
+from .pretrain import build_jobs, estimate_step, link_capacities
+from .rl_spec import RLSpec
+
+# ----------------------------------------------------------------------------------------------
+# rollouts
+
+
+@dataclass(frozen=True, slots=True)
+class Rollouts:
+    """Lengths of one step's generated groups: ``prompts[i]`` and ``outs[i, j]`` (sample j)."""
+
+    prompts: np.ndarray          # (groups,)
+    outs: np.ndarray             # (groups, samples)
+    trained_groups: int          # the first this many groups are trained on (dynamic sampling drops the rest)
+
+    @property
+    def trained_tokens(self) -> float:
+        p, o = self.prompts[: self.trained_groups], self.outs[: self.trained_groups]
+        return float(p.sum() * o.shape[1] + o.sum())
+
+    @property
+    def generated_tokens(self) -> float:
+        return float(self.outs.sum())
+
+    @property
+    def all_tokens(self) -> float:
+        return float(self.prompts.sum() * self.outs.shape[1] + self.outs.sum())
+
+
+def draw_rollouts(spec: RLSpec, seed: int, file: str | None) -> Rollouts:
+    rng = np.random.default_rng(seed)
+    n, g = spec.generated_prompts, spec.samples_per_prompt
+    out = []
+    for where, dist, size in (("rl.prompt_len", spec.prompt_len, n), ("rl.response_len", spec.response_len, n * g)):
+        try:
+            out.append(dist.sample(rng, size))
+        except ConfigError as exc:
+            raise ConfigError(exc.message, file=file, field=where) from None
+    return Rollouts(prompts=out[0], outs=out[1].reshape(n, g), trained_groups=spec.prompts)
+
+
+# ----------------------------------------------------------------------------------------------
+# generation
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationPool:
+    pool: Pool                   # one engine's cost model and scheduler limits (serving compile step)
+    engines: int
+    gpus: int
+    engine_gpus: int
+
+
+def build_generation(sc: Any, spec: RLSpec, gpus: int, rollouts: Rollouts) -> GenerationPool:
+    """The generation engines of ``gpus`` GPUs, compiled by the serving workload."""
+    g = spec.generation
+    model, inst = sc.workload.model, sc.cluster.instance
+    if g.ep > 1 and not (g.serving.attention_dp and model.moe is not None):
+        raise ConfigError(f"ep {g.ep} spreads experts under attention_dp (expected attention_dp: true with an "
+                          "MoE model, or ep: 1: TP shards the experts)", file=sc.file, field="rl.generation.ep")
+    engine_gpus = g.tp * g.ep
+    if gpus % engine_gpus:
+        raise ConfigError(f"{gpus} generation GPUs are not a whole number of {engine_gpus}-GPU engines "
+                          f"(expected tp x ep to divide {gpus})", file=sc.file, field="rl.generation.tp")
+    per_node = inst.num_accelerators
+    nodes = max(1, -(-engine_gpus // per_node))
+    traffic = TrafficSpec(arrival="offline", rate_per_s=math.inf, num_requests=len(rollouts.prompts),
+                          prompt_len=spec.prompt_len, output_len=spec.response_len)
+    samples = spec.samples_per_prompt
+    ttc = TestTimeComputeSpec(samples=samples, strategy="self-consistency" if samples > 1 else "none")
+    ispec = InferenceSpec(traffic=traffic, serving=g.serving, ttc=ttc)
+    try:
+        plan = build_serving_plan(name=sc.name, model=model, instance=inst, precision=sc.workload.precision,
+                                  tp=g.tp, pp=1, ep=g.ep, nodes=nodes, spec=ispec, seed=sc.seed, file=sc.file)
+    except OutOfMemoryError as exc:
+        raise OutOfMemoryError(f"{sc.file}: rl.generation: {exc}", breakdown=exc.breakdown) from None
+    except ParallelismError as exc:
+        raise ConfigError(exc.message, file=sc.file, field="rl.generation.tp") from None
+    pool = plan.pool("serve")
+    assert pool is not None
+    return GenerationPool(pool=pool, engines=gpus // engine_gpus, gpus=gpus, engine_gpus=engine_gpus)
+
+
+def deal_groups(rollouts: Rollouts, engines: int) -> list[list[tuple[int, np.ndarray]]]:
+    """Each engine's (prompt, sample lengths) groups: dealt round-robin; with fewer groups than engines
+    each group's samples are split so every engine gets work (vLLM workers take a share of a batch)."""
+    n = len(rollouts.prompts)
+    parts = -(-engines // n) if n < engines else 1
+    shares: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(engines)]
+    k = 0
+    for i in range(n):
+        for chunk in np.array_split(rollouts.outs[i], min(parts, rollouts.outs.shape[1])):
+            shares[k % engines].append((int(rollouts.prompts[i]), chunk))
+            k += 1
+    return shares
+
+
+def critical_engines(shares: list[list[tuple[int, np.ndarray]]]) -> list[int]:
+    """The engines that can finish last: the one with the longest response, the one with most tokens."""
+    longest = [max((int(o.max()) for _, o in s), default=0) for s in shares]
+    work = [sum(int(o.sum()) + p * o.size for p, o in s) for s in shares]
+    return sorted({int(np.argmax(longest)), int(np.argmax(work))})
+
+
+def simulate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], *, file: str | None,
+                    trace: list | None = None, name: str = "engine") -> float:
+    """Makespan of one engine's offline batch on the serving DES (continuous batching, paged KV)."""
+    env = simpy.Environment()
+    eng = ReplicaEngine(env, name, gen.pool.cost, gen.pool.cfg, trace)
+    jobs = []
+    jid = 0
+    for prompt, outs in groups:
+        sets = [outs] if gen.pool.cfg.prefix_caching else [outs[i:i + 1] for i in range(len(outs))]
+        for o in sets:
+            jid += 1
+            job = Job(jid=jid, arrival_s=0.0, prompt=prompt, out=o)
+            jobs.append(job)
+            eng.submit(job)
+    env.run()
+    if any(j.rejected for j in jobs):
+        raise InfeasibleError(f"{file}: rl.generation: a group's prompt and responses do not fit one engine's KV "
+                              f"cache ({gen.pool.kv_capacity_tokens:,} tokens); raise tp, memory_fraction or "
+                              "lower max_response_len")
+    return max(float(np.nanmax(j.finish_s)) for j in jobs) if jobs else 0.0
+
+
+def estimate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]]) -> float:
+    """Makespan of one engine's batch without the event queue, from the same iteration costs: the
+    decode work at the batch the KV cache and sequence limit allow, or the longest response decoding
+    nearly alone at the end, whichever is longer, plus the prompts' prefill."""
+    if not groups:
+        return 0.0
+    cost, cfg, pool = gen.pool.cost, gen.pool.cfg, gen.pool
+    outs = np.concatenate([o for _, o in groups]).astype(float)
+    prompts = np.array([p for p, _ in groups], dtype=float)
+    sizes = np.array([o.size for _, o in groups], dtype=float)
+    n = outs.size
+    share = cfg.prefix_caching
+    prompt_slots = float((prompts if share else prompts * sizes).sum()) / n
+    per_seq = float(cfg.kv_slots(prompt_slots + outs.mean() / 2.0))
+    b = max(1, round(min(cfg.max_seqs, n, pool.kv_capacity_tokens / max(1.0, per_seq))))
+    ctx = cost.effective_context(float(np.average(np.repeat(prompts, sizes.astype(int)))) + outs.mean() / 2.0)
+
+    def step(nb: int, c: float) -> float:
+        c0, c1 = cost.decode_coeffs(nb)
+        return c0 + c1 * nb * c
+
+    bulk = outs.sum() / b * step(b, ctx)
+    lmax = outs.max()
+    tail = lmax * step(1, cost.effective_context(float(prompts.max()) + lmax / 2.0))
+    prefill = sum(cost.prefill_time(int(p)) * (1 if share else s) for p, s in zip(prompts, sizes, strict=True))
+    return max(bulk, tail) + prefill
+
+
+# ----------------------------------------------------------------------------------------------
+# training-side passes
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def training_scenario(sc: Any, *, gpus: int, nodes: int, seq_len: int, global_batch: int, model: Any = None) -> Any:
+    """The scenario of a training pass on the training pool: the policy's parallelism over ``gpus``,
+    ``global_batch`` packed sequences of ``seq_len`` tokens."""
+    par = sc.parallelism
+    mp = par.tp * par.pp * par.cp
+    if gpus % mp:
+        raise ParallelismError(f"tp*pp*cp = {mp} does not divide the {gpus} training GPUs", file=sc.file,
+                               field="parallelism")
+    wl = dataclasses.replace(sc.workload, kind="finetune", seq_len=seq_len, global_batch=global_batch,
+                             model=model if model is not None else sc.workload.model)
+    return dataclasses.replace(sc, workload=wl, cluster=dataclasses.replace(sc.cluster, nodes=nodes, gpus=gpus),
+                               parallelism=dataclasses.replace(par, dp=gpus // mp))
+
+
+def packed_seq_len(sc: Any, spec: RLSpec) -> int:
+    """Tokens per packed training sequence: the file's, else the longest prompt + response, rounded
+    to what tensor and context parallelism split (NeMo RL make_sequence_length_divisible_by)."""
+    par = sc.parallelism
+    n = spec.packed_seq_len or int(spec.prompt_len.upper() + spec.response_len.upper())
+    return _round_up(max(n, 1), par.tp * 2 * par.cp if par.cp > 1 else par.tp)
+
+
+def packed_batch(tokens: float, seq_len: int, dp: int, micro_batch: int) -> int:
+    """Packed sequences that hold ``tokens`` (sequence packing fills each to ``seq_len``), a whole
+    number of micro-batches per data-parallel rank."""
+    return _round_up(max(1, math.ceil(tokens / seq_len)), dp * micro_batch)
+
+
+def training_plan(sc: Any, *, gpus: int, nodes: int, seq_len: int, tokens: float, model: Any = None,
+                  where: str = "parallelism") -> Plan:
+    par = sc.parallelism
+    dp = gpus // (par.tp * par.pp * par.cp) if gpus % (par.tp * par.pp * par.cp) == 0 else 1
+    batch = packed_batch(tokens, seq_len, dp, sc.workload.micro_batch)
+    if par.vpp > 1:
+        batch = _round_up(batch, dp * sc.workload.micro_batch * par.pp)
+    tsc = training_scenario(sc, gpus=gpus, nodes=nodes, seq_len=seq_len, global_batch=batch, model=model)
+    try:
+        return build_plan(tsc)
+    except ConfigError as exc:
+        raise ConfigError(exc.message, file=sc.file, field=where if where != "parallelism" else exc.field) from None
+
+
+def forward_s(plan: Plan) -> float:
+    """One forward-only pass of the plan's batch through its pipeline: the busiest stage for every
+    micro-batch plus the fill of the others and their sends (no backward, no optimizer); under
+    ZeRO-3/FSDP the weights are gathered once more."""
+    pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    per_stage = [sum(plan.virtual_stage(s, c).fwd_s for c in range(vpp)) for s in range(pp)]
+    slow = max(per_stage)
+    t = m * slow + (sum(per_stage) - slow) / vpp + (pp * vpp - 1) * plan.pp_send_s
+    if plan.zero >= 3:
+        t += max(plan.dp_gather_s)
+    return t
+
+
+def update_s(plan: Plan, *, estimate: bool) -> float:
+    """One optimizer step of the plan: the training DES of :mod:`fmsim.workloads.pretrain`, or its estimate."""
+    if estimate:
+        return estimate_step(plan)[0]
+    return run_jobs(build_jobs(plan), link_capacities(plan), record=False).makespan_s
+
+
+def static_bytes(plan: Plan) -> float:
+    """Weights, gradients and optimizer state per GPU (the busiest stage): what offloading moves."""
+    return max(m.weights + m.gradients + m.optimizer for m in plan.memory)
+
+
+# ----------------------------------------------------------------------------------------------
+# weight sync
+
+
+def _group(size: int, per_node: int) -> GroupShape:
+    return GroupShape(size=size, per_node=max(1, min(size, per_node)))
+
+
+def weight_bytes(sc: Any) -> float:
+    """Bytes of the policy's weights as the generation engines hold them."""
+    prec = sc.workload.precision
+    return sc.workload.model.num_params * min(2.0, BYTES_PER_ELEMENT.get(prec, 2.0))
+
+
+def gather_s(sc: Any, train_gpus: int) -> float:
+    """The trainers assemble full tensors from their TP/PP/EP shards (NeMo RL's refit gathers each
+    parameter bucket over the model-parallel ranks): an all-gather of the weights over that group."""
+    par, inst = sc.parallelism, sc.cluster.instance
+    mp = min(train_gpus, par.tp * par.pp * max(1, par.ep))
+    if mp <= 1:
+        return 0.0
+    return collective_time("all-gather", weight_bytes(sc), inst, _group(mp, inst.num_accelerators)).time_s
+
+
+def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int, gen_nodes: int) -> float:
+    """Seconds to bring the trained weights into the generation engines (see docs/rl.md)."""
+    ws = spec.weight_sync
+    inst = sc.cluster.instance
+    acc = inst.accelerator
+    w = weight_bytes(sc)
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    # every generation GPU writes its shard into the engine's buffers (CUDA IPC copy in HBM)
+    load = w / gen.engine_gpus / hbm
+    if ws.method == "reshard":
+        return gather_s(sc, train_gpus) + load
+    if ws.method == "storage":
+        st = sc.cluster.storage or {}
+        if not (st.get("throughput_per_tib") and st.get("capacity")):
+            raise ConfigError("storage needs cluster.storage with throughput_per_tib and capacity",
+                              file=sc.file, field="rl.weight_sync")
+        bw = st["throughput_per_tib"] * st["capacity"] / 2 ** 40
+        # the trainers write one copy; every engine reads the whole checkpoint
+        return gather_s(sc, train_gpus) + w / bw + w * gen.engines / bw + load
+    # broadcast: buckets pipelined through their source -> every generation GPU (NCCL broadcast)
+    group = _group(gen.gpus + (0 if ws.source == "host" else 1), inst.num_accelerators)
+    nodes = gen_nodes + (0 if ws.source == "host" else 1)
+    nb = max(1, math.ceil(w / ws.bucket_bytes))
+    bucket = w / nb
+    bcast = collective_time("broadcast", bucket, inst, group, nodes=nodes).time_s
+    if ws.source == "host":
+        # checkpoint-engine: the weights wait in host memory; each bucket is copied host-to-device by its
+        # owner rank, broadcast, then loaded by the engines -- a three-stage pipeline over the buckets
+        h2d = bucket / acc.host_link_bytes_per_s
+        stages = (h2d, bcast, bucket / gen.engine_gpus / hbm)
+        return sum(stages) + (nb - 1) * max(stages)
+    return gather_s(sc, train_gpus) + nb * bcast + load
