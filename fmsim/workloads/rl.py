@@ -38,6 +38,7 @@ class RLPlan:
     engines: int
     engine_gpus: int
     phases: dict[str, float]                     # seconds per step, by phase (PHASES)
+    weight_send_s: float                         # of weight_sync: what the trainers spend sending
     rollouts: ph.Rollouts
     optimizer_steps: int
     packed_seq_len: int
@@ -100,7 +101,7 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
         # a reward model scores every generated sequence (dynamic sampling filters on its scores)
         reward = ph.forward_s(ph.training_plan(sc, tokens=ro.all_tokens, model=rw.model, where="rl.reward_model",
                                                **tp_kw))
-    sync = ph.weight_sync_s(sc, spec, gen=gen, train_gpus=train_gpus, gen_nodes=gen_nodes)
+    sync, send = ph.weight_sync_s(sc, spec, gen=gen, train_gpus=train_gpus, gen_nodes=gen_nodes)
     memory, transition = _memory_fit(sc, spec, gen, step_plan)
     phases = {"transition": transition, "generation": generation, "reward": reward, "logprob": logprob,
               "training": training, "weight_sync": sync}
@@ -114,7 +115,7 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
                "method": "analytical" if estimate else "discrete-event"}
     return RLPlan(name=sc.name, spec=spec, gen_gpus=gen_gpus, train_gpus=train_gpus, gen_nodes=gen_nodes,
                   train_nodes=train_nodes, colocated=spec.placement.kind == "colocated", engines=gen.engines,
-                  engine_gpus=gen.engine_gpus, phases=phases, rollouts=ro, optimizer_steps=n_opt,
+                  engine_gpus=gen.engine_gpus, phases=phases, weight_send_s=send, rollouts=ro, optimizer_steps=n_opt,
                   packed_seq_len=seq, train_plan=step_plan, memory=memory, hbm_bytes=sc.cluster.instance.accelerator.hbm_bytes,
                   details=details)
 
@@ -193,8 +194,8 @@ def timeline_jobs(plan: RLPlan, steps: int) -> list[Job]:
         jobs.append(Job(f"rew{i}", "reward", p["reward"], (f"gen{i}",), category="reward", label=f"reward {i}"))
         jobs.append(Job(f"lp{i}", train_s, p["logprob"], (f"rew{i}",), category="logprob", label=f"log-probs {i}"))
         jobs.append(Job(f"tr{i}", train_s, p["training"], (f"lp{i}",), category="training", label=f"update {i}"))
-        jobs.append(Job(f"sync{i}", train_s, p["weight_sync"], (f"tr{i}",), category="weight_sync",
-                        label=f"weight sync {i}"))
+        jobs.append(Job(f"sync{i}", train_s, p["weight_sync"] if plan.colocated else plan.weight_send_s,
+                        (f"tr{i}",), category="weight_sync", label=f"weight sync {i}"))
         if not plan.colocated:
             # the generation engines take the new weights when they are done with the batch in flight
             # (generation of later steps was queued on their stream ahead of this, by off_policy)
@@ -237,11 +238,13 @@ def step_time_estimate(plan: RLPlan) -> float:
     """The same timeline in closed form: serial when colocated or on-policy; with off-policy depth k
     the busier pool, or the loop generation -> update -> sync -> generation k+1 steps later."""
     p, k = plan.phases, plan.spec.off_policy
-    chain = sum(p.values())
+    # generation of the next step waits for the engines to hold the weights and the trainers to be done
+    chain = sum(p.values()) - p["weight_sync"] + (p["weight_sync"] if plan.colocated
+                                                   else max(p["weight_sync"], plan.weight_send_s))
     if plan.colocated or k == 0:
         return chain
     gen_pool = p["generation"] + p["weight_sync"]
-    train_pool = p["logprob"] + p["training"] + p["weight_sync"]
+    train_pool = p["logprob"] + p["training"] + plan.weight_send_s
     return max(gen_pool, train_pool, p["reward"], chain / (k + 1))
 
 
@@ -280,7 +283,7 @@ def make_result(sc: Any, plan: RLPlan, step: float) -> Result:
         busy = {"gpus": min(1.0, (sum(p.values()) - p["reward"]) / step)}
     else:
         busy = {"generation": min(1.0, (p["generation"] + p["weight_sync"]) / step),
-                "training": min(1.0, (p["logprob"] + p["training"] + p["weight_sync"]) / step)}
+                "training": min(1.0, (p["logprob"] + p["training"] + plan.weight_send_s) / step)}
     ro = plan.rollouts
     trained = ro.trained_tokens
     price = price_for(sc)
@@ -317,7 +320,8 @@ def make_result(sc: Any, plan: RLPlan, step: float) -> Result:
     }
     breakdown = {f"{k_}_s": v for k_, v in p.items() if v or k_ != "transition"}
     for pool, b in busy.items():
-        breakdown[f"idle_{pool}_pool_s"] = max(0.0, 1.0 - b) * step
+        idle = (1.0 - b) * step
+        breakdown[f"idle_{pool}_pool_s"] = idle if idle > 1e-9 * step else 0.0     # rounding residue is no idle
     det = dict(plan.details)
     det["bottleneck"] = sentence
     det["price_source"] = price.source
@@ -368,8 +372,9 @@ def estimate_rl(sc: Any) -> Result:
 
 
 def check_rl_sections(sc: Any) -> None:
-    """Validate the ``rl:`` section without running (``fmsim lint``)."""
-    parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
+    """Validate the ``rl:`` section and the pools it makes without running (``fmsim lint``)."""
+    spec = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
+    ph.check_generation_layout(sc, spec, _pools(sc, spec)[0])
 
 
 __all__ = ["RLPlan", "build_rl_plan", "check_rl_sections", "estimate_rl", "simulate_rl", "step_time_des",

@@ -87,17 +87,28 @@ class GenerationPool:
     engine_gpus: int
 
 
-def build_generation(sc: Any, spec: RLSpec, gpus: int, rollouts: Rollouts) -> GenerationPool:
-    """The generation engines of ``gpus`` GPUs, compiled by the serving workload."""
+def check_generation_layout(sc: Any, spec: RLSpec, gpus: int) -> int:
+    """GPUs of one generation engine, checked against the model and the pool (ConfigError)."""
     g = spec.generation
-    model, inst = sc.workload.model, sc.cluster.instance
+    model = sc.workload.model
     if g.ep > 1 and not (g.serving.attention_dp and model.moe is not None):
         raise ConfigError(f"ep {g.ep} spreads experts under attention_dp (expected attention_dp: true with an "
                           "MoE model, or ep: 1: TP shards the experts)", file=sc.file, field="rl.generation.ep")
+    if model.heads % g.tp:
+        raise ConfigError(f"{g.tp} does not divide the {model.heads} attention heads of {model.name}",
+                          file=sc.file, field="rl.generation.tp")
     engine_gpus = g.tp * g.ep
     if gpus % engine_gpus:
         raise ConfigError(f"{gpus} generation GPUs are not a whole number of {engine_gpus}-GPU engines "
                           f"(expected tp x ep to divide {gpus})", file=sc.file, field="rl.generation.tp")
+    return engine_gpus
+
+
+def build_generation(sc: Any, spec: RLSpec, gpus: int, rollouts: Rollouts) -> GenerationPool:
+    """The generation engines of ``gpus`` GPUs, compiled by the serving workload."""
+    g = spec.generation
+    model, inst = sc.workload.model, sc.cluster.instance
+    engine_gpus = check_generation_layout(sc, spec, gpus)
     per_node = inst.num_accelerators
     nodes = max(1, -(-engine_gpus // per_node))
     traffic = TrafficSpec(arrival="offline", rate_per_s=math.inf, num_requests=len(rollouts.prompts),
@@ -118,16 +129,22 @@ def build_generation(sc: Any, spec: RLSpec, gpus: int, rollouts: Rollouts) -> Ge
 
 
 def deal_groups(rollouts: Rollouts, engines: int) -> list[list[tuple[int, np.ndarray]]]:
-    """Each engine's (prompt, sample lengths) groups: dealt round-robin; with fewer groups than engines
-    each group's samples are split so every engine gets work (vLLM workers take a share of a batch)."""
-    n = len(rollouts.prompts)
-    parts = -(-engines // n) if n < engines else 1
-    shares: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(engines)]
-    k = 0
-    for i in range(n):
-        for chunk in np.array_split(rollouts.outs[i], min(parts, rollouts.outs.shape[1])):
-            shares[k % engines].append((int(rollouts.prompts[i]), chunk))
-            k += 1
+    """Each engine's (prompt, sample lengths) groups. The step's sequences are split evenly over the
+    engines in batch order (NeMo RL shards a generation batch over its vLLM workers so); whole groups
+    when they divide evenly, else a group's samples may land on two engines (each then prefills the
+    prompt)."""
+    n, g = rollouts.outs.shape
+    if n % engines == 0:
+        return [[(int(rollouts.prompts[i]), rollouts.outs[i]) for i in range(e, n, engines)] for e in range(engines)]
+    bounds = np.linspace(0, n * g, engines + 1).round().astype(int)
+    shares: list[list[tuple[int, np.ndarray]]] = []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        share = []
+        for i in range(a // g, -(-b // g)):
+            lo, hi = max(a, i * g) - i * g, min(b, (i + 1) * g) - i * g
+            if hi > lo:
+                share.append((int(rollouts.prompts[i]), rollouts.outs[i, lo:hi]))
+        shares.append(share)
     return shares
 
 
@@ -287,8 +304,11 @@ def gather_s(sc: Any, train_gpus: int) -> float:
     return collective_time("all-gather", weight_bytes(sc), inst, _group(mp, inst.num_accelerators)).time_s
 
 
-def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int, gen_nodes: int) -> float:
-    """Seconds to bring the trained weights into the generation engines (see docs/rl.md)."""
+def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int,
+                  gen_nodes: int) -> tuple[float, float]:
+    """(seconds until every generation engine holds the trained weights, seconds the trainers spend
+    sending them) -- the two differ for a broadcast, whose source is done once the data has left it
+    while the last receiver waits for the chain to fill (see docs/rl.md)."""
     ws = spec.weight_sync
     inst = sc.cluster.instance
     acc = inst.accelerator
@@ -297,7 +317,8 @@ def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int
     # every generation GPU writes its shard into the engine's buffers (CUDA IPC copy in HBM)
     load = w / gen.engine_gpus / hbm
     if ws.method == "reshard":
-        return gather_s(sc, train_gpus) + load
+        t = gather_s(sc, train_gpus) + load
+        return t, t
     if ws.method == "storage":
         st = sc.cluster.storage or {}
         if not (st.get("throughput_per_tib") and st.get("capacity")):
@@ -305,7 +326,8 @@ def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int
                               file=sc.file, field="rl.weight_sync")
         bw = st["throughput_per_tib"] * st["capacity"] / 2 ** 40
         # the trainers write one copy; every engine reads the whole checkpoint
-        return gather_s(sc, train_gpus) + w / bw + w * gen.engines / bw + load
+        send = gather_s(sc, train_gpus) + w / bw
+        return send + w * gen.engines / bw + load, send
     # broadcast: buckets pipelined through their source -> every generation GPU (NCCL broadcast)
     group = _group(gen.gpus + (0 if ws.source == "host" else 1), inst.num_accelerators)
     nodes = gen_nodes + (0 if ws.source == "host" else 1)
@@ -317,5 +339,9 @@ def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int
         # owner rank, broadcast, then loaded by the engines -- a three-stage pipeline over the buckets
         h2d = bucket / acc.host_link_bytes_per_s
         stages = (h2d, bcast, bucket / gen.engine_gpus / hbm)
-        return sum(stages) + (nb - 1) * max(stages)
-    return gather_s(sc, train_gpus) + nb * bcast + load
+        t = sum(stages) + (nb - 1) * max(stages)
+        return t, t
+    # the source pushes every bucket once over its first hop (out of the training node)
+    hop = collective_time("broadcast", bucket, inst, _group(2, 1), nodes=2).time_s
+    gather = gather_s(sc, train_gpus)
+    return gather + nb * bcast + load, gather + nb * hop
