@@ -70,7 +70,8 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
     shares = ph.deal_groups(ro, gen.engines)
     crit = ph.critical_engines(shares)
     if estimate:
-        generation = max(ph.estimate_engine(gen, shares[e]) for e in crit)
+        memo: dict = {}
+        generation = max(ph.estimate_engine(gen, shares[e], memo) for e in crit)
     else:
         generation = max(ph.simulate_engine(gen, shares[e], file=sc.file, trace=trace, name=f"generation engine {e}")
                          for e in crit)
@@ -80,19 +81,16 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
     trained = ro.trained_tokens
     tp_kw = {"gpus": train_gpus, "nodes": train_nodes, "seq_len": seq}
     step_plan = ph.training_plan(sc, tokens=trained / n_opt, **tp_kw)
-    all_plan = ph.training_plan(sc, tokens=trained, **tp_kw)
-    policy_fwd = ph.forward_s(all_plan)
+    policy_fwd = ph.forward_s(step_plan, trained)
     logprob = policy_fwd                                      # the policy's log-probs before the update
     if spec.reference is not None:
-        logprob += policy_fwd if spec.reference is sc.workload.model else \
-            ph.forward_s(ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw))
+        logprob += policy_fwd if spec.reference is sc.workload.model else ph.forward_s(
+            ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw))
     training = ph.update_s(step_plan, estimate=estimate) * n_opt
     if spec.critic is not None:
-        critic_all = all_plan if spec.critic is sc.workload.model else \
-            ph.training_plan(sc, tokens=trained, model=spec.critic, where="rl.critic", **tp_kw)
         critic_step = step_plan if spec.critic is sc.workload.model else \
             ph.training_plan(sc, tokens=trained / n_opt, model=spec.critic, where="rl.critic", **tp_kw)
-        logprob += ph.forward_s(critic_all)                   # values of every token
+        logprob += ph.forward_s(critic_step, trained)         # values of every token
         training += ph.update_s(critic_step, estimate=estimate) * n_opt
     rw = spec.reward
     if rw.is_rule:

@@ -150,8 +150,11 @@ def deal_groups(rollouts: Rollouts, engines: int) -> list[list[tuple[int, np.nda
 
 def critical_engines(shares: list[list[tuple[int, np.ndarray]]]) -> list[int]:
     """The engines that can finish last: the one with the longest response, the one with most tokens."""
-    longest = [max((int(o.max()) for _, o in s), default=0) for s in shares]
-    work = [sum(int(o.sum()) + p * o.size for p, o in s) for s in shares]
+    longest, work = [], []
+    for s in shares:
+        outs = np.concatenate([o for _, o in s]) if s else np.zeros(1, dtype=np.int64)
+        longest.append(int(outs.max()))
+        work.append(int(outs.sum()) + sum(p * o.size for p, o in s))
     return sorted({int(np.argmax(longest)), int(np.argmax(work))})
 
 
@@ -177,12 +180,14 @@ def simulate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], *
     return max(float(np.nanmax(j.finish_s)) for j in jobs) if jobs else 0.0
 
 
-def estimate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]]) -> float:
+def estimate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], memo: dict | None = None) -> float:
     """Makespan of one engine's batch without the event queue, from the same iteration costs: the
     decode work at the batch the KV cache and sequence limit allow, or the longest response decoding
-    nearly alone at the end, whichever is longer, plus the prompts' prefill."""
+    nearly alone at the end, whichever is longer, plus the prompts' prefill. ``memo`` keeps iteration
+    costs between the engines of one plan."""
     if not groups:
         return 0.0
+    memo = {} if memo is None else memo
     cost, cfg, pool = gen.pool.cost, gen.pool.cfg, gen.pool
     outs = np.concatenate([o for _, o in groups]).astype(float)
     prompts = np.array([p for p, _ in groups], dtype=float)
@@ -192,17 +197,24 @@ def estimate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]]) -
     prompt_slots = float((prompts if share else prompts * sizes).sum()) / n
     per_seq = float(cfg.kv_slots(prompt_slots + outs.mean() / 2.0))
     b = max(1, round(min(cfg.max_seqs, n, pool.kv_capacity_tokens / max(1.0, per_seq))))
-    ctx = cost.effective_context(float(np.average(np.repeat(prompts, sizes.astype(int)))) + outs.mean() / 2.0)
+    ctx = cost.effective_context(float((prompts * sizes).sum() / n) + outs.mean() / 2.0)
 
     def step(nb: int, c: float) -> float:
-        c0, c1 = cost.decode_coeffs(nb)
+        if ("decode", nb) not in memo:
+            memo["decode", nb] = cost.decode_coeffs(nb)
+        c0, c1 = memo["decode", nb]
         return c0 + c1 * nb * c
+
+    def prefill(p: int) -> float:
+        if ("prefill", p) not in memo:
+            memo["prefill", p] = cost.prefill_time(p)
+        return memo["prefill", p]
 
     bulk = outs.sum() / b * step(b, ctx)
     lmax = outs.max()
     tail = lmax * step(1, cost.effective_context(float(prompts.max()) + lmax / 2.0))
-    prefill = sum(cost.prefill_time(int(p)) * (1 if share else s) for p, s in zip(prompts, sizes, strict=True))
-    return max(bulk, tail) + prefill
+    pre = sum(prefill(int(p)) * (1 if share else s) for p, s in zip(prompts, sizes, strict=True))
+    return max(bulk, tail) + pre
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,11 +267,14 @@ def training_plan(sc: Any, *, gpus: int, nodes: int, seq_len: int, tokens: float
         raise ConfigError(exc.message, file=sc.file, field=where if where != "parallelism" else exc.field) from None
 
 
-def forward_s(plan: Plan) -> float:
-    """One forward-only pass of the plan's batch through its pipeline: the busiest stage for every
-    micro-batch plus the fill of the others and their sends (no backward, no optimizer); under
-    ZeRO-3/FSDP the weights are gathered once more."""
+def forward_s(plan: Plan, tokens: float | None = None) -> float:
+    """One forward-only pass through the plan's pipeline of its batch -- or of ``tokens`` packed the
+    same way (the stage costs are per micro-batch): the busiest stage for every micro-batch plus the
+    fill of the others and their sends (no backward, no optimizer); under ZeRO-3/FSDP the weights are
+    gathered once more."""
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
+    if tokens is not None:
+        m = packed_batch(tokens, plan.seq_len, plan.dp, plan.micro_batch) // (plan.dp * plan.micro_batch)
     per_stage = [sum(plan.virtual_stage(s, c).fwd_s for c in range(vpp)) for s in range(pp)]
     slow = max(per_stage)
     t = m * slow + (sum(per_stage) - slow) / vpp + (pp * vpp - 1) * plan.pp_send_s
