@@ -1,0 +1,54 @@
+"""RL predictions against published measurements (scenarios/validation/rl).
+
+Issue 26's bar for NeMo RL v0.4 GRPO: step time median |error| <= 10 %, worst <= 25 %. Not met: on
+2026-12-01 the 7 step times are predicted 20-70 % short (median 50.7 %, worst 70.3 %; docs/rl.md
+"Validation" says where the time goes). These tests guard today's level -- they fail if the set gets
+worse than it is plus a small margin -- and the target is a strict xfail until it is met.
+"""
+from __future__ import annotations
+
+import statistics
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import fmsim
+from fmsim.scenario import load_scenario
+from fmsim.validate import validate_scenarios
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = sorted((ROOT / "scenarios" / "validation" / "rl").glob("rl-*.yaml"))
+#: today's level (2026-12-01) plus a small margin
+STEP_MEDIAN_BOUND, STEP_WORST_BOUND = 53.0, 73.0
+TOKENS_MEDIAN_BOUND, TOKENS_WORST_BOUND = 50.0, 132.0
+
+
+@lru_cache(maxsize=1)
+def errors() -> tuple[tuple[str, str, float], ...]:
+    rows = validate_scenarios((load_scenario(p) for p in CASES), fmsim.simulate, jobs=1)
+    assert not [r.error for r in rows if r.error], "scenarios that raised"
+    return tuple((r.scenario, r.key, abs(r.error_pct)) for r in rows if r.error_pct is not None)
+
+
+def _errors(key: str) -> list[float]:
+    vals = [e for _, k, e in errors() if k == key]
+    assert vals
+    return vals
+
+
+def test_nemo_rl_step_time_stays_at_todays_level():
+    vals = _errors("step_time_s")
+    assert len(vals) == 7
+    assert statistics.median(vals) <= STEP_MEDIAN_BOUND and max(vals) <= STEP_WORST_BOUND, vals
+
+
+def test_nemo_rl_tokens_per_gpu_stays_at_todays_level():
+    vals = _errors("tokens_per_s_per_gpu")
+    assert statistics.median(vals) <= TOKENS_MEDIAN_BOUND and max(vals) <= TOKENS_WORST_BOUND, vals
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 target not met: NeMo RL step times predicted 20-70 % short")
+def test_nemo_rl_step_time_meets_the_issue_target():
+    vals = _errors("step_time_s")
+    assert statistics.median(vals) <= 10.0 and max(vals) <= 25.0
