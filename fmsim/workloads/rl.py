@@ -271,7 +271,13 @@ def _bottleneck(plan: RLPlan, step: float, busy: dict[str, float]) -> tuple[str,
     return top, f"{share:.0%} of the RL step is {advice}"
 
 
-def make_result(sc: Any, plan: RLPlan, step: float) -> Result:
+def timeline_rows(run: RunResult) -> list[tuple[str, float, float, str, str]]:
+    """(pool, start_s, end_s, phase, label) of every simulated phase: the step timeline per pool."""
+    return [(sp.stream, sp.start_s, sp.end_s, sp.category, sp.label)
+            for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream))]
+
+
+def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None) -> Result:
     from ..cost import price_for
 
     p = plan.phases
@@ -323,6 +329,8 @@ def make_result(sc: Any, plan: RLPlan, step: float) -> Result:
     det = dict(plan.details)
     det["bottleneck"] = sentence
     det["price_source"] = price.source
+    if run is not None:
+        det["timeline"] = timeline_rows(run)          # the simulated steps, phase by phase, per pool
     det["pools"] = ({"gpus": {"gpus": cl.gpus, "busy_fraction": busy["gpus"]}} if plan.colocated else
                     {"generation": {"gpus": plan.gen_gpus, "nodes": plan.gen_nodes, "busy_fraction": busy["generation"]},
                      "training": {"gpus": plan.train_gpus, "nodes": plan.train_nodes,
@@ -360,13 +368,15 @@ def simulate_rl(sc: Any, *, trace_path: str | None = None) -> Result:
     step, run = step_time_des(plan)
     if trace_path:
         write_trace(run, trace_path, sc.name, engine_trace)
-    return make_result(sc, plan, step)
+    return make_result(sc, plan, step, run)
 
 
 def estimate_rl(sc: Any) -> Result:
     """Analytical estimate of an RL step (``fmsim.estimate``): same phase costs, no event queue."""
     plan = build_rl_plan(sc, estimate=True)
-    return make_result(sc, plan, step_time_estimate(plan))
+    # the phases laid out on their pools (the timeline the closed form summarises; a test checks they agree)
+    _, run = step_time_des(plan)
+    return make_result(sc, plan, step_time_estimate(plan), run)
 
 
 def check_rl_sections(sc: Any) -> None:
