@@ -6,6 +6,7 @@ lognormal (mean 2,000 tokens) cut at 8,192, vLLM TP4 engines, training TP8 with 
 estimate loop varies the generation TP, the group size and the placement, so no two plans are the same.
 Not a test: no assertion on time (STYLE.md habit 12). Run: ``.venv/bin/python bench/bench_rl.py``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,13 +17,22 @@ import fmsim
 from fmsim.scenario import scenario_from_mapping
 
 BASE = {
-    "version": 1, "name": "bench-rl", "seed": 0,
+    "version": 1,
+    "name": "bench-rl",
+    "seed": 0,
     "workload": {"kind": "rl", "model": "qwen3-32b", "precision": "bf16"},
     "parallelism": {"tp": 8, "sequence_parallel": True, "recompute": "full", "zero": 1},
     "cluster": {"instance": "p5.48xlarge", "nodes": 16},
-    "rl": {"algorithm": "grpo", "prompts": 128, "samples_per_prompt": 16, "train_global_batch": 512,
-           "prompt_len": 300, "response_len": {"dist": "lognormal", "mean": 2000, "sigma": 0.8},
-           "max_response_len": 8192, "generation": {"tp": 4, "memory_fraction": 0.6}},
+    "rl": {
+        "algorithm": "grpo",
+        "prompts": 128,
+        "samples_per_prompt": 16,
+        "train_global_batch": 512,
+        "prompt_len": 300,
+        "response_len": {"dist": "lognormal", "mean": 2000, "sigma": 0.8},
+        "max_response_len": 8192,
+        "generation": {"tp": 4, "memory_fraction": 0.6},
+    },
 }
 
 
@@ -39,23 +49,30 @@ def variant(gen_tp: int, samples: int, placement: str) -> dict:
 
 def main() -> None:
     sc = scenario_from_mapping(BASE, file="bench")
-    fmsim.simulate(sc)                                   # warm imports and catalogs
+    fmsim.simulate(sc)  # warm imports and catalogs
     t0 = time.perf_counter()
     res = fmsim.simulate(sc)
     wall = time.perf_counter() - t0
     m = res.metrics
-    print(f"one RL step, {res.gpus} GPUs, {m['rollouts_per_step']:,} rollouts (DES): wall {wall:.2f} s   "
-          f"(target < 2 s)   step {m['step_time_s']:.1f} s, generation {m['generation_s']:.1f} s on "
-          f"{len(res.details['simulated_engines'])} of {res.details['engines']} engines simulated")
-    plans = [scenario_from_mapping(variant(*v), file="bench")
-             for v in itertools.product((2, 4, 8), (4, 8, 16, 32), ("colocated", "on-policy", "off-policy"))]
+    print(
+        f"one RL step, {res.gpus} GPUs, {m['rollouts_per_step']:,} rollouts (DES): wall {wall:.2f} s   "
+        f"(target < 2 s)   step {m['step_time_s']:.1f} s, generation {m['generation_s']:.1f} s on "
+        f"{len(res.details['simulated_engines'])} of {res.details['engines']} engines simulated"
+    )
+    plans = [
+        scenario_from_mapping(variant(*v), file="bench")
+        for v in itertools.product((2, 4, 8), (4, 8, 16, 32), ("colocated", "on-policy", "off-policy"))
+    ]
     for p in plans[:3]:
         fmsim.estimate(p)
     t0 = time.perf_counter()
     for p in plans:
         fmsim.estimate(p)
     wall = time.perf_counter() - t0
-    print(f"--estimate: {len(plans)} plans in {wall:.2f} s = {len(plans) / wall:,.0f} plans/s   (target >= 100/s)")
+    print(
+        f"--estimate: {len(plans)} plans in {wall:.2f} s = {len(plans) / wall:,.0f} plans/s"
+        "   (target >= 100/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ cost functions. One registry, :data:`WORKLOADS`, maps each ``workload.kind`` to 
 new workload plugs in with :func:`register`); kinds without one raise :class:`NotBuiltError`.
 The workload modules are imported when first used, so that ``import fmsim`` stays cheap.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,8 +21,8 @@ class Workload:
     """A workload kind's entry points. ``check`` validates the sections the kind reads itself (kept
     raw by the scenario reader) without running, for ``fmsim lint``; None when loading checks all."""
 
-    simulate: Callable[..., Result]            # (scenario, *, trace_path) -> Result
-    estimate: Callable[[Any], Result]          # (scenario) -> Result
+    simulate: Callable[..., Result]  # (scenario, *, trace_path) -> Result
+    estimate: Callable[[Any], Result]  # (scenario) -> Result
     check: Callable[[Any], None] | None = None
 
 
@@ -37,41 +38,49 @@ def register(kind: str, workload: Workload) -> None:
 
 def _pretrain_simulate(sc, *, trace_path=None):
     from .workloads.pretrain import simulate_pretrain
+
     return simulate_pretrain(sc, trace_path=trace_path)
 
 
 def _pretrain_estimate(sc):
     from .workloads.pretrain import estimate_pretrain
+
     return estimate_pretrain(sc)
 
 
 def _inference_simulate(sc, *, trace_path=None):
     from .workloads.inference import simulate_inference
+
     return simulate_inference(sc, estimate=False, trace_path=trace_path)
 
 
 def _inference_estimate(sc):
     from .workloads.inference import simulate_inference
+
     return simulate_inference(sc, estimate=True)
 
 
 def _inference_check(sc):
     from .workloads.inference_spec import parse_inference_spec
+
     parse_inference_spec(sc.extra, file=sc.file)
 
 
 def _rl_simulate(sc, *, trace_path=None):
     from .workloads.rl import simulate_rl
+
     return simulate_rl(sc, trace_path=trace_path)
 
 
 def _rl_estimate(sc):
     from .workloads.rl import estimate_rl
+
     return estimate_rl(sc)
 
 
 def _rl_check(sc):
     from .workloads.rl import check_rl_sections
+
     check_rl_sections(sc)
 
 
@@ -85,8 +94,10 @@ def _workload(sc) -> Workload:
     kind = sc.workload.kind
     w = WORKLOADS.get(kind)
     if w is None:
-        raise NotBuiltError(f"{sc.file or sc.name}: workload.kind: the {kind!r} simulator is not built yet "
-                            f"(built: {', '.join(WORKLOADS)})")
+        raise NotBuiltError(
+            f"{sc.file or sc.name}: workload.kind: the {kind!r} simulator is not built yet "
+            f"(built: {', '.join(WORKLOADS)})"
+        )
     return w
 
 

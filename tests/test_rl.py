@@ -2,6 +2,7 @@
 a planner relies on (more generation GPUs, off-policy overlap, a longer tail), the colocated memory fit,
 determinism, the DES timeline against its closed form and against the analytical estimate, the CSV
 contract and the trace."""
+
 from __future__ import annotations
 
 import copy
@@ -22,13 +23,22 @@ from fmsim.workloads.rl import build_rl_plan, step_time_des, step_time_estimate
 GOLDEN = Path(__file__).parent / "golden" / "rl_csv_header.txt"
 
 BASE = {
-    "version": 1, "name": "rl-test", "seed": 1,
+    "version": 1,
+    "name": "rl-test",
+    "seed": 1,
     "workload": {"kind": "rl", "model": "llama3.1-8b", "precision": "bf16"},
     "parallelism": {"tp": 2, "recompute": "full", "zero": 1},
     "cluster": {"instance": "p5.48xlarge", "nodes": 4},
-    "rl": {"algorithm": "grpo", "prompts": 16, "samples_per_prompt": 8, "train_global_batch": 64,
-           "prompt_len": 200, "response_len": {"dist": "lognormal", "mean": 400, "sigma": 0.8},
-           "max_response_len": 2048, "generation": {"tp": 1, "memory_fraction": 0.6}},
+    "rl": {
+        "algorithm": "grpo",
+        "prompts": 16,
+        "samples_per_prompt": 8,
+        "train_global_batch": 64,
+        "prompt_len": 200,
+        "response_len": {"dist": "lognormal", "mean": 400, "sigma": 0.8},
+        "max_response_len": 2048,
+        "generation": {"tp": 1, "memory_fraction": 0.6},
+    },
 }
 
 
@@ -57,7 +67,9 @@ def test_rl_is_registered_and_a_kind_registers_once():
 def test_a_colocated_step_adds_up_its_phases():
     res = fmsim.simulate(scenario())
     m = res.metrics
-    parts = sum(m[k] for k in ("transition_s", "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s"))
+    parts = sum(
+        m[k] for k in ("transition_s", "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s")
+    )
     assert m["step_time_s"] == pytest.approx(parts, rel=1e-9)
     assert m["optimizer_steps"] == 2 and m["rollouts_per_step"] == 128
     # NeMo RL's tokens/s/GPU: training tokens of the batch / step time / every GPU of the job
@@ -68,11 +80,15 @@ def test_a_colocated_step_adds_up_its_phases():
 @pytest.mark.parametrize("off_policy", [0, 1])
 def test_more_generation_gpus_never_slow_a_disaggregated_step(off_policy):
     """Generation-bound (many sequences, a short tail): more engines take smaller shares."""
-    kw = {"prompts": 64, "response_len": {"dist": "lognormal", "mean": 400, "sigma": 0.3}, "off_policy": off_policy}
+    kw = {
+        "prompts": 64,
+        "response_len": {"dist": "lognormal", "mean": 400, "sigma": 0.3},
+        "off_policy": off_policy,
+    }
     steps = [fmsim.simulate(disagg(g, 1, **kw)).metrics["step_time_s"] for g in (1, 2, 3)]
     assert steps[0] >= steps[1] >= steps[2]
     if not off_policy:
-        assert steps[0] > steps[2]     # (one step off, the training pool already sets the pace)
+        assert steps[0] > steps[2]  # (one step off, the training pool already sets the pace)
 
 
 @pytest.mark.parametrize("gen", [1, 2])
@@ -83,12 +99,16 @@ def test_off_policy_one_is_never_slower_than_on_policy(gen):
 
 
 def test_a_longer_response_tail_never_shortens_a_step():
-    steps = [fmsim.simulate(scenario(max_response_len=cap)).metrics["step_time_s"] for cap in (512, 1024, 4096)]
+    steps = [
+        fmsim.simulate(scenario(max_response_len=cap)).metrics["step_time_s"] for cap in (512, 1024, 4096)
+    ]
     assert steps[0] <= steps[1] <= steps[2] and steps[0] < steps[2]
 
 
 def test_colocated_memory_refuses_a_plan_that_does_not_fit_naming_what_overflows():
-    sc = scenario(generation={"tp": 1, "memory_fraction": 0.95}, placement={"colocated": {"training_state": "keep"}})
+    sc = scenario(
+        generation={"tp": 1, "memory_fraction": 0.95}, placement={"colocated": {"training_state": "keep"}}
+    )
     with pytest.raises(OutOfMemoryError, match="kept training state") as exc:
         fmsim.simulate(sc)
     assert "generation" in str(exc.value) and "memory_fraction" in str(exc.value)
@@ -114,16 +134,27 @@ def test_same_seed_same_numbers_and_another_seed_other_draws():
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3])
-@pytest.mark.parametrize("phases", [(0.0, 10.0, 0.5, 2.0, 3.0, 1.0), (0.0, 2.0, 0.0, 4.0, 5.0, 0.5),
-                                    (0.0, 6.0, 1.0, 1.0, 1.0, 3.0)])
+@pytest.mark.parametrize(
+    "phases",
+    [(0.0, 10.0, 0.5, 2.0, 3.0, 1.0), (0.0, 2.0, 0.0, 4.0, 5.0, 0.5), (0.0, 6.0, 1.0, 1.0, 1.0, 3.0)],
+)
 @pytest.mark.parametrize("send", [0.2, 1.0])
 def test_the_step_timeline_settles_to_its_closed_form(k, phases, send):
     """The DES of the phases over pools reaches the steady state the estimate writes down (``send``:
     the trainers' share of the weight sync, below or above the receivers' time)."""
     plan = build_rl_plan(disagg(1, 1), estimate=True)
-    plan = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, off_policy=k), weight_send_s=send,
-                               phases=dict(zip(("transition", "generation", "reward", "logprob", "training",
-                                                "weight_sync"), phases, strict=True)))
+    plan = dataclasses.replace(
+        plan,
+        spec=dataclasses.replace(plan.spec, off_policy=k),
+        weight_send_s=send,
+        phases=dict(
+            zip(
+                ("transition", "generation", "reward", "logprob", "training", "weight_sync"),
+                phases,
+                strict=True,
+            )
+        ),
+    )
     des, _ = step_time_des(plan)
     assert des == pytest.approx(step_time_estimate(plan), rel=1e-9)
 
@@ -133,9 +164,16 @@ def test_the_step_timeline_settles_to_its_closed_form(k, phases, send):
 DES_ESTIMATE_BOUND = 0.30
 
 
-@pytest.mark.parametrize("sc", [scenario(), disagg(2, 2), disagg(2, 2, off_policy=1),
-                                scenario(max_response_len=4096, samples_per_prompt=16)],
-                         ids=["colocated", "disaggregated", "off-policy", "long-tail"])
+@pytest.mark.parametrize(
+    "sc",
+    [
+        scenario(),
+        disagg(2, 2),
+        disagg(2, 2, off_policy=1),
+        scenario(max_response_len=4096, samples_per_prompt=16),
+    ],
+    ids=["colocated", "disaggregated", "off-policy", "long-tail"],
+)
 def test_des_and_estimate_agree_within_a_stated_bound(sc):
     des, est = fmsim.simulate(sc).metrics, fmsim.estimate(sc).metrics
     assert est["training_s"] == pytest.approx(des["training_s"], rel=0.05)

@@ -1,6 +1,7 @@
 """The explorer's RL page (app/pages/5_RL.py) through streamlit's AppTest: it shows what the API says for
 the bundled GRPO example, a knob (placement, pool split, off-policy depth, group size, the tail) changes
 the what-if against the base, and a plan that cannot run is one st.error with what to change."""
+
 from __future__ import annotations
 
 import sys
@@ -19,7 +20,7 @@ EXAMPLE = ROOT / "scenarios" / "examples" / "rl-grpo-qwen3-32b-p5en.yaml"
 if str(APP) not in sys.path:
     sys.path.insert(0, str(APP))
 
-from explorer import logic  # noqa: E402
+from explorer import logic
 
 TIMEOUT_S = 90  # generous per-run bound on a loaded 2-core machine; not a timing assertion
 
@@ -54,10 +55,15 @@ def test_knobs_make_a_what_if_against_the_base():
     at.sidebar.number_input(key="rl.off_policy").set_value(1).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     m = {x.label: x for x in at.metric}
-    assert m["RL step"].value != base and m["RL step"].delta     # the delta against the base is shown
-    sc = fmsim.load_scenario(EXAMPLE, overrides={
-        "rl.placement": {"disaggregated": {"generation_nodes": 3, "training_nodes": 1}},
-        "rl.weight_sync": "broadcast", "rl.off_policy": 1})
+    assert m["RL step"].value != base and m["RL step"].delta  # the delta against the base is shown
+    sc = fmsim.load_scenario(
+        EXAMPLE,
+        overrides={
+            "rl.placement": {"disaggregated": {"generation_nodes": 3, "training_nodes": 1}},
+            "rl.weight_sync": "broadcast",
+            "rl.off_policy": 1,
+        },
+    )
     assert m["RL step"].value == logic.fmt_time(fmsim.simulate(sc).metrics["step_time_s"])
 
 

@@ -1,5 +1,6 @@
 """The rl: section: defaults per algorithm, the reuse of serving fields and length distributions, and a
 one-line located error (exit 2) for every malformed field, from ``fmsim lint`` and ``fmsim run`` alike."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,16 @@ MALFORMED = sorted((Path(__file__).parent / "malformed_rl").glob("*.yaml"))
 
 
 def _spec(rl):
-    sc = scenario_from_mapping({"version": 1, "name": "x", "workload": {"kind": "rl", "model": "llama3.1-8b"},
-                                "cluster": {"instance": "p5.48xlarge", "nodes": 2}, "rl": rl}, file="x.yaml")
+    sc = scenario_from_mapping(
+        {
+            "version": 1,
+            "name": "x",
+            "workload": {"kind": "rl", "model": "llama3.1-8b"},
+            "cluster": {"instance": "p5.48xlarge", "nodes": 2},
+            "rl": rl,
+        },
+        file="x.yaml",
+    )
     return parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model), sc
 
 
@@ -32,16 +41,27 @@ def test_algorithms_decide_which_models_run():
 
 
 def test_dynamic_sampling_over_generates_and_the_cap_truncates_the_tail():
-    s, _ = _spec({"algorithm": "dapo", "prompts": 512, "samples_per_prompt": 16,
-                  "dynamic_sampling": {"filtered_share": 0.5}, "max_response_len": 8192,
-                  "response_len": {"dist": "lognormal", "median": 3000, "sigma": 1.0}})
+    s, _ = _spec(
+        {
+            "algorithm": "dapo",
+            "prompts": 512,
+            "samples_per_prompt": 16,
+            "dynamic_sampling": {"filtered_share": 0.5},
+            "max_response_len": 8192,
+            "response_len": {"dist": "lognormal", "median": 3000, "sigma": 1.0},
+        }
+    )
     assert s.over_generate == pytest.approx(2.0) and s.generated_prompts == 1024 and s.rollouts == 8192
     assert s.response_len.max == 8192 and s.response_len.outside == "clip"
 
 
 def test_generation_reuses_the_serving_fields_and_placement_defaults_the_sync():
-    s, _ = _spec({"generation": {"engine": "sglang", "tp": 2, "max_seqs": 128, "memory_fraction": 0.5},
-                  "placement": {"disaggregated": {"generation_nodes": 1, "training_nodes": 1}}})
+    s, _ = _spec(
+        {
+            "generation": {"engine": "sglang", "tp": 2, "max_seqs": 128, "memory_fraction": 0.5},
+            "placement": {"disaggregated": {"generation_nodes": 1, "training_nodes": 1}},
+        }
+    )
     assert s.generation.tp == 2 and s.generation.serving.engine == "sglang"
     assert s.generation.serving.max_seqs == 128 and s.generation.serving.memory_fraction == 0.5
     assert s.placement.kind == "disaggregated" and s.weight_sync.method == "broadcast"

@@ -5,6 +5,7 @@ Issue 26's bar for NeMo RL v0.4 GRPO: step time median |error| <= 10 %, worst <=
 "Validation" says where the time goes). These tests guard today's level -- they fail if the set gets
 worse than it is plus a small margin -- and the target is a strict xfail until it is met.
 """
+
 from __future__ import annotations
 
 import statistics

@@ -889,7 +889,9 @@ def fmt_tokens(x: float | None) -> str:
 RL_KINDS = ("rl",)
 
 
-def run_rl(text: str, file: str, overrides: Sequence[tuple[str, Any]] = (), *, engine: str = "des") -> Outcome:
+def run_rl(
+    text: str, file: str, overrides: Sequence[tuple[str, Any]] = (), *, engine: str = "des"
+) -> Outcome:
     """Run an RL what-if with the DES (``fmsim.simulate``) or the estimate; the timeline is the step's
     phases per GPU pool (``Result.details["timeline"]``). Never raises."""
     yaml_text = ""
@@ -899,7 +901,9 @@ def run_rl(text: str, file: str, overrides: Sequence[tuple[str, Any]] = (), *, e
         if sc.workload.kind not in RL_KINDS:
             return _wrong_kind(file, sc.workload.kind, "RL", "Training or Serving", yaml_text)
         res = fmsim.simulate(sc) if engine == "des" else fmsim.estimate(sc)
-        rows = tuple((str(p), float(a), float(b), str(c), str(lab)) for p, a, b, c, lab in res.details.get("timeline", ()))
+        rows = tuple(
+            (str(p), float(a), float(b), str(c), str(lab)) for p, a, b, c, lab in res.details.get("timeline", ())
+        )
         return Outcome(result=res, estimate=None if engine == "des" else res,
                        engine="des" if engine == "des" else "analytical", yaml_text=yaml_text, timeline=rows)
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback

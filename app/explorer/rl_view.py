@@ -20,8 +20,14 @@ ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytica
 PLACEMENTS = ["colocated", "disaggregated"]
 TP_OPTIONS = [1, 2, 4, 8, 16, 32]
 PHASES = ("transition", "generation", "reward", "logprob", "training", "weight_sync")
-PHASE_LABELS = {"transition": "offload / reload", "generation": "generation", "reward": "reward",
-                "logprob": "log-probs", "training": "policy update", "weight_sync": "weight sync"}
+PHASE_LABELS = {
+    "transition": "offload / reload",
+    "generation": "generation",
+    "reward": "reward",
+    "logprob": "log-probs",
+    "training": "policy update",
+    "weight_sync": "weight sync",
+}
 
 
 @st.cache_data(show_spinner=False, max_entries=256)
@@ -97,14 +103,16 @@ def overrides_from(defaults: Mapping[str, Any], sc: Any) -> tuple:
     if changed("placement") or changed("generation_nodes") or changed("nodes"):
         if ss[f"{P}.placement"] == "disaggregated":
             nodes, gen = int(ss[f"{P}.nodes"]), int(ss[f"{P}.generation_nodes"])
-            out["rl.placement"] = {"disaggregated": {"generation_nodes": gen, "training_nodes": max(1, nodes - gen)}}
+            out["rl.placement"] = {
+                "disaggregated": {"generation_nodes": gen, "training_nodes": max(1, nodes - gen)}
+            }
             out["rl.weight_sync"] = "broadcast"
         elif changed("placement"):
             out["rl.placement"] = "colocated"
             out["rl.weight_sync"] = "reshard"
             out["rl.off_policy"] = 0
     if out:
-        out["parallelism.dp"] = "auto"     # the training pool's dp follows the pools
+        out["parallelism.dp"] = "auto"  # the training pool's dp follows the pools
     return logic.as_overrides(out)
 
 
@@ -116,30 +124,74 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     sb.text_input("What-if name", key=f"{P}.name")
     sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     sb.markdown("**Placement**")
-    sb.radio("Generation and training", PLACEMENTS, key=f"{P}.placement", horizontal=True,
-             help="colocated: both time-share every GPU; disaggregated: separate pools of nodes")
+    sb.radio(
+        "Generation and training",
+        PLACEMENTS,
+        key=f"{P}.placement",
+        horizontal=True,
+        help="colocated: both time-share every GPU; disaggregated: separate pools of nodes",
+    )
     disagg = ss[f"{P}.placement"] == "disaggregated"
     c1, c2 = sb.columns(2)
-    c1.number_input("Generation nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.generation_nodes",
-                    disabled=not disagg, help="the rest of the nodes train")
-    c2.number_input("Off-policy depth", min_value=0, max_value=8, step=1, key=f"{P}.off_policy",
-                    disabled=not disagg, help="k: generation of step n+k runs beside training of step n")
-    sb.select_slider("Generation TP", widgets.with_options(TP_OPTIONS, defaults["generation_tp"]),
-                     key=f"{P}.generation_tp")
+    c1.number_input(
+        "Generation nodes",
+        min_value=1,
+        max_value=100_000,
+        step=1,
+        key=f"{P}.generation_nodes",
+        disabled=not disagg,
+        help="the rest of the nodes train",
+    )
+    c2.number_input(
+        "Off-policy depth",
+        min_value=0,
+        max_value=8,
+        step=1,
+        key=f"{P}.off_policy",
+        disabled=not disagg,
+        help="k: generation of step n+k runs beside training of step n",
+    )
+    sb.select_slider(
+        "Generation TP", widgets.with_options(TP_OPTIONS, defaults["generation_tp"]), key=f"{P}.generation_tp"
+    )
     sb.markdown("**Rollouts**")
     c1, c2 = sb.columns(2)
     c1.number_input("Prompts per step", min_value=1, max_value=100_000, step=1, key=f"{P}.prompts")
-    c2.number_input("Group size", min_value=1, max_value=1024, step=1, key=f"{P}.samples_per_prompt",
-                    help="samples per prompt")
-    sb.text_input("Response length (tokens)", key=f"{P}.response_len",
-                  help="a number, or a distribution: {dist: lognormal, mean: 2000, sigma: 0.8}")
+    c2.number_input(
+        "Group size",
+        min_value=1,
+        max_value=1024,
+        step=1,
+        key=f"{P}.samples_per_prompt",
+        help="samples per prompt",
+    )
+    sb.text_input(
+        "Response length (tokens)",
+        key=f"{P}.response_len",
+        help="a number, or a distribution: {dist: lognormal, mean: 2000, sigma: 0.8}",
+    )
     c1, c2 = sb.columns(2)
     lognormal = "lognormal" in str(ss[f"{P}.response_len"])
-    c1.number_input("Tail (lognormal sigma)", min_value=0.0, max_value=3.0, step=0.1, key=f"{P}.sigma",
-                    disabled=not lognormal, help="the spread of log response length: the long tail")
-    c2.number_input("Max response (0 = none)", min_value=0, max_value=1_000_000, step=256,
-                    key=f"{P}.max_response_len", help="responses are cut here")
-    sb.number_input("RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50, key=f"{P}.steps")
+    c1.number_input(
+        "Tail (lognormal sigma)",
+        min_value=0.0,
+        max_value=3.0,
+        step=0.1,
+        key=f"{P}.sigma",
+        disabled=not lognormal,
+        help="the spread of log response length: the long tail",
+    )
+    c2.number_input(
+        "Max response (0 = none)",
+        min_value=0,
+        max_value=1_000_000,
+        step=256,
+        key=f"{P}.max_response_len",
+        help="responses are cut here",
+    )
+    sb.number_input(
+        "RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50, key=f"{P}.steps"
+    )
 
 
 def phase_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
@@ -155,16 +207,25 @@ def phase_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 
 def timeline_chart(rows: tuple) -> alt.Chart:
     """Phases per pool over the simulated steps (the same Gantt style as the training page)."""
-    data = pd.DataFrame([(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in rows],
-                        columns=["lane", "start_s", "end_s", "phase", "label"])
+    data = pd.DataFrame(
+        [(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in rows],
+        columns=["lane", "start_s", "end_s", "phase", "label"],
+    )
     return (
         alt.Chart(data)
         .mark_bar(height={"band": 0.8})
-        .encode(x=alt.X("start_s:Q", title="seconds"), x2="end_s:Q",
-                y=alt.Y("lane:N", title=None, sort=list(dict.fromkeys(r[0] for r in rows))),
-                color=alt.Color("phase:N", legend=alt.Legend(orient="bottom", title=None, columns=6)),
-                tooltip=["lane:N", "label:N", alt.Tooltip("start_s:Q", format=".4~g"),
-                         alt.Tooltip("end_s:Q", format=".4~g")])
+        .encode(
+            x=alt.X("start_s:Q", title="seconds"),
+            x2="end_s:Q",
+            y=alt.Y("lane:N", title=None, sort=list(dict.fromkeys(r[0] for r in rows))),
+            color=alt.Color("phase:N", legend=alt.Legend(orient="bottom", title=None, columns=6)),
+            tooltip=[
+                "lane:N",
+                "label:N",
+                alt.Tooltip("start_s:Q", format=".4~g"),
+                alt.Tooltip("end_s:Q", format=".4~g"),
+            ],
+        )
         .properties(height=alt.Step(28))
     )
 
@@ -178,35 +239,79 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
 
     pools = r.details.get("pools") or {}
     pool_text = " · ".join(f"{k}: {v.get('gpus')} GPUs" for k, v in pools.items())
-    st.markdown(f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {m.get('placement')} ({pool_text}) · "
-                f"{m.get('algorithm')}, {m.get('rollouts_per_step'):,} rollouts, {m.get('optimizer_steps')} "
-                f"optimizer step(s), off-policy {m.get('off_policy')}")
+    st.markdown(
+        f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {m.get('placement')} ({pool_text}) · "
+        f"{m.get('algorithm')}, {m.get('rollouts_per_step'):,} rollouts, {m.get('optimizer_steps')} "
+        f"optimizer step(s), off-policy {m.get('off_policy')}"
+    )
     c = st.columns(4)
-    widgets.metric(c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True)
-    widgets.metric(c[1], "Generation", logic.fmt_time(m.get("generation_s")), d("generation_s"),
-                   lower_is_better=True, help="the step waits for its longest response")
-    widgets.metric(c[2], "Tokens/s/GPU", logic.fmt_count(m.get("tokens_per_s_per_gpu")), d("tokens_per_s_per_gpu"),
-                   help="NeMo RL's: training tokens per step / step time / every GPU")
-    widgets.metric(c[3], "$ per step", logic.fmt_usd(m.get("usd_per_step")), d("usd_per_step"), lower_is_better=True,
-                   help=f"{m.get('pricing_option', '')} price dated {r.price_date or '-'}")
+    widgets.metric(
+        c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True
+    )
+    widgets.metric(
+        c[1],
+        "Generation",
+        logic.fmt_time(m.get("generation_s")),
+        d("generation_s"),
+        lower_is_better=True,
+        help="the step waits for its longest response",
+    )
+    widgets.metric(
+        c[2],
+        "Tokens/s/GPU",
+        logic.fmt_count(m.get("tokens_per_s_per_gpu")),
+        d("tokens_per_s_per_gpu"),
+        help="NeMo RL's: training tokens per step / step time / every GPU",
+    )
+    widgets.metric(
+        c[3],
+        "$ per step",
+        logic.fmt_usd(m.get("usd_per_step")),
+        d("usd_per_step"),
+        lower_is_better=True,
+        help=f"{m.get('pricing_option', '')} price dated {r.price_date or '-'}",
+    )
     c = st.columns(4)
-    widgets.metric(c[0], "$ per M trained tokens", logic.fmt_usd(m.get("usd_per_million_trained_tokens")),
-                   d("usd_per_million_trained_tokens"), lower_is_better=True)
-    widgets.metric(c[1], "Run time", logic.fmt_time(m.get("time_to_train_s")), d("time_to_train_s"),
-                   lower_is_better=True, help="rl.steps x the step")
+    widgets.metric(
+        c[0],
+        "$ per M trained tokens",
+        logic.fmt_usd(m.get("usd_per_million_trained_tokens")),
+        d("usd_per_million_trained_tokens"),
+        lower_is_better=True,
+    )
+    widgets.metric(
+        c[1],
+        "Run time",
+        logic.fmt_time(m.get("time_to_train_s")),
+        d("time_to_train_s"),
+        lower_is_better=True,
+        help="rl.steps x the step",
+    )
     widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True)
-    widgets.metric(c[3], "Generation / training busy",
-                   f"{logic.fmt_pct(m.get('generation_utilization'))} / {logic.fmt_pct(m.get('training_utilization'))}",
-                   d("generation_utilization"), help="share of the step each pool is busy")
+    widgets.metric(
+        c[3],
+        "Generation / training busy",
+        f"{logic.fmt_pct(m.get('generation_utilization'))} / {logic.fmt_pct(m.get('training_utilization'))}",
+        d("generation_utilization"),
+        help="share of the step each pool is busy",
+    )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
-    st.caption("Numbers from the " + ("discrete-event simulation (`fmsim run`)." if out.engine == "des"
-                                      else "analytical estimate (`fmsim run --estimate`)."))
+    st.caption(
+        "Numbers from the "
+        + (
+            "discrete-event simulation (`fmsim run`)."
+            if out.engine == "des"
+            else "analytical estimate (`fmsim run --estimate`)."
+        )
+    )
     st.subheader("Phases per GPU pool")
     if out.timeline:
         st.altair_chart(timeline_chart(out.timeline), width="stretch")
-        st.caption("Every phase of the simulated steps on its pool; with off-policy depth k, generation of "
-                   "step n+k runs beside training of step n.")
+        st.caption(
+            "Every phase of the simulated steps on its pool; with off-policy depth k, generation of "
+            "step n+k runs beside training of step n."
+        )
     left, right = st.columns(2)
     with left:
         st.subheader("One step's phases")
@@ -215,8 +320,11 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     with right:
         st.subheader("Memory per GPU")
         mem = r.memory
-        st.dataframe([{"part": k, "GiB": round(float(v) / 2**30, 1)} for k, v in mem.items()], hide_index=True,
-                     width="stretch")
+        st.dataframe(
+            [{"part": k, "GiB": round(float(v) / 2**30, 1)} for k, v in mem.items()],
+            hide_index=True,
+            width="stretch",
+        )
     widgets.downloads(P, out, name)
     with st.expander("The what-if as a scenario file"):
         st.code(out.yaml_text, language="yaml")

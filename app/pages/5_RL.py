@@ -19,15 +19,21 @@ widgets.page_setup("RL", ":material/model_training:")
 
 def main() -> None:
     st.title("RL post-training what-if")
-    source = widgets.scenario_source(P, logic.RL_KINDS, what="RL",
-                                     preferred="examples/rl-grpo-qwen3-32b-p5en.yaml")
-    widgets.engine_choice(P, rl_view.ENGINES, help="The discrete-event simulation is what `fmsim run` reports; "
-                          "the analytical estimate is `fmsim run --estimate`.")
+    source = widgets.scenario_source(
+        P, logic.RL_KINDS, what="RL", preferred="examples/rl-grpo-qwen3-32b-p5en.yaml"
+    )
+    widgets.engine_choice(
+        P,
+        rl_view.ENGINES,
+        help="The discrete-event simulation is what `fmsim run` reports; "
+        "the analytical estimate is `fmsim run --estimate`.",
+    )
     if source is None:
         st.info("Pick a bundled RL scenario or load a YAML file (`workload.kind: rl`) in the sidebar.")
         return
-    loaded = widgets.knob_scenario(P, source, logic.RL_KINDS, "Training or Serving", rl_view.knob_defaults,
-                                   rl_view.draw_knobs)
+    loaded = widgets.knob_scenario(
+        P, source, logic.RL_KINDS, "Training or Serving", rl_view.knob_defaults, rl_view.draw_knobs
+    )
     if loaded is None:
         return
     sc, defaults = loaded
@@ -43,7 +49,9 @@ def main() -> None:
         st.session_state[f"{P}.result"] = None
         return
     st.session_state[f"{P}.result"] = out.result.to_dict()
-    rl_view.render(out, base if base.ok and base is not out else None, st.session_state[f"{P}.name"] or sc.name)
+    rl_view.render(
+        out, base if base.ok and base is not out else None, st.session_state[f"{P}.name"] or sc.name
+    )
 
 
 main()

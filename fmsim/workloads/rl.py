@@ -8,6 +8,7 @@ of step n+k run beside training of step n; its closed form for the estimate), th
 (``RL_COLUMNS``), the bottleneck sentence and the trace. Entry points for the facade:
 :func:`simulate_rl` and :func:`estimate_rl`. Field reference and method: ``docs/rl.md``.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,12 +38,12 @@ class RLPlan:
     colocated: bool
     engines: int
     engine_gpus: int
-    phases: dict[str, float]                     # seconds per step, by phase (PHASES)
-    weight_send_s: float                         # of weight_sync: what the trainers spend sending
+    phases: dict[str, float]  # seconds per step, by phase (PHASES)
+    weight_send_s: float  # of weight_sync: what the trainers spend sending
     rollouts: ph.Rollouts
     optimizer_steps: int
     packed_seq_len: int
-    train_plan: Any                              # fmsim.parallel.strategy.Plan of one optimizer step
+    train_plan: Any  # fmsim.parallel.strategy.Plan of one optimizer step
     memory: dict[str, float]
     hbm_bytes: float
     details: dict[str, Any] = field(default_factory=dict)
@@ -56,8 +57,12 @@ def _pools(sc: Any, spec: RLSpec) -> tuple[int, int, int, int]:
     if p.kind == "colocated":
         return cl.gpus, cl.gpus, cl.nodes, cl.nodes
     if p.generation_nodes + p.training_nodes > cl.nodes:
-        raise ConfigError(f"generation_nodes + training_nodes = {p.generation_nodes + p.training_nodes} exceed the "
-                          f"cluster's {cl.nodes} nodes", file=sc.file, field="rl.placement.disaggregated")
+        raise ConfigError(
+            f"generation_nodes + training_nodes = {p.generation_nodes + p.training_nodes} exceed the "
+            f"cluster's {cl.nodes} nodes",
+            file=sc.file,
+            field="rl.placement.disaggregated",
+        )
     return p.generation_nodes * per, p.training_nodes * per, p.generation_nodes, p.training_nodes
 
 
@@ -73,8 +78,10 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
         memo: dict = {}
         generation = max(ph.estimate_engine(gen, shares[e], memo) for e in crit)
     else:
-        generation = max(ph.simulate_engine(gen, shares[e], file=sc.file, trace=trace, name=f"generation engine {e}")
-                         for e in crit)
+        generation = max(
+            ph.simulate_engine(gen, shares[e], file=sc.file, trace=trace, name=f"generation engine {e}")
+            for e in crit
+        )
     # training side: packed sequences of the trained groups, split over optimizer steps
     seq = ph.packed_seq_len(sc, spec)
     n_opt = spec.optimizer_steps
@@ -82,40 +89,83 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
     tp_kw = {"gpus": train_gpus, "nodes": train_nodes, "seq_len": seq}
     step_plan = ph.training_plan(sc, tokens=trained / n_opt, **tp_kw)
     policy_fwd = ph.forward_s(step_plan, trained)
-    logprob = policy_fwd                                      # the policy's log-probs before the update
+    logprob = policy_fwd  # the policy's log-probs before the update
     if spec.reference is not None:
-        logprob += policy_fwd if spec.reference is sc.workload.model else ph.forward_s(
-            ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw))
+        logprob += (
+            policy_fwd
+            if spec.reference is sc.workload.model
+            else ph.forward_s(
+                ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw)
+            )
+        )
     training = ph.update_s(step_plan, estimate=estimate) * n_opt
     if spec.critic is not None:
-        critic_step = step_plan if spec.critic is sc.workload.model else \
-            ph.training_plan(sc, tokens=trained / n_opt, model=spec.critic, where="rl.critic", **tp_kw)
-        logprob += ph.forward_s(critic_step, trained)         # values of every token
+        critic_step = (
+            step_plan
+            if spec.critic is sc.workload.model
+            else ph.training_plan(sc, tokens=trained / n_opt, model=spec.critic, where="rl.critic", **tp_kw)
+        )
+        logprob += ph.forward_s(critic_step, trained)  # values of every token
         training += ph.update_s(critic_step, estimate=estimate) * n_opt
     rw = spec.reward
     if rw.is_rule:
         reward = len(ro.prompts) * spec.samples_per_prompt * rw.cpu_time_s / rw.workers
     else:
         # a reward model scores every generated sequence (dynamic sampling filters on its scores)
-        reward = ph.forward_s(ph.training_plan(sc, tokens=ro.all_tokens, model=rw.model, where="rl.reward_model",
-                                               **tp_kw))
+        reward = ph.forward_s(
+            ph.training_plan(sc, tokens=ro.all_tokens, model=rw.model, where="rl.reward_model", **tp_kw)
+        )
     sync, send = ph.weight_sync_s(sc, spec, gen=gen, train_gpus=train_gpus, gen_nodes=gen_nodes)
     memory, transition = _memory_fit(sc, spec, gen, step_plan)
-    phases = {"transition": transition, "generation": generation, "reward": reward, "logprob": logprob,
-              "training": training, "weight_sync": sync}
-    details = {"engines": gen.engines, "engine_gpus": gen.engine_gpus, "simulated_engines": crit,
-               "kv_capacity_tokens_per_engine": gen.pool.kv_capacity_tokens, "max_seqs": gen.pool.cfg.max_seqs,
-               "generation_engine": spec.generation.serving.engine, "packed_seq_len": seq,
-               "packed_sequences_per_optimizer_step": step_plan.global_batch,
-               "training_plan": {"tp": step_plan.tp, "pp": step_plan.pp, "dp": step_plan.dp, "cp": step_plan.cp,
-                                 "ep": step_plan.ep, "num_microbatches": step_plan.num_microbatches},
-               "longest_response": int(ro.outs.max()), "mean_response": float(ro.outs.mean()),
-               "method": "analytical" if estimate else "discrete-event"}
-    return RLPlan(name=sc.name, spec=spec, gen_gpus=gen_gpus, train_gpus=train_gpus, gen_nodes=gen_nodes,
-                  train_nodes=train_nodes, colocated=spec.placement.kind == "colocated", engines=gen.engines,
-                  engine_gpus=gen.engine_gpus, phases=phases, weight_send_s=send, rollouts=ro, optimizer_steps=n_opt,
-                  packed_seq_len=seq, train_plan=step_plan, memory=memory, hbm_bytes=sc.cluster.instance.accelerator.hbm_bytes,
-                  details=details)
+    phases = {
+        "transition": transition,
+        "generation": generation,
+        "reward": reward,
+        "logprob": logprob,
+        "training": training,
+        "weight_sync": sync,
+    }
+    details = {
+        "engines": gen.engines,
+        "engine_gpus": gen.engine_gpus,
+        "simulated_engines": crit,
+        "kv_capacity_tokens_per_engine": gen.pool.kv_capacity_tokens,
+        "max_seqs": gen.pool.cfg.max_seqs,
+        "generation_engine": spec.generation.serving.engine,
+        "packed_seq_len": seq,
+        "packed_sequences_per_optimizer_step": step_plan.global_batch,
+        "training_plan": {
+            "tp": step_plan.tp,
+            "pp": step_plan.pp,
+            "dp": step_plan.dp,
+            "cp": step_plan.cp,
+            "ep": step_plan.ep,
+            "num_microbatches": step_plan.num_microbatches,
+        },
+        "longest_response": int(ro.outs.max()),
+        "mean_response": float(ro.outs.mean()),
+        "method": "analytical" if estimate else "discrete-event",
+    }
+    return RLPlan(
+        name=sc.name,
+        spec=spec,
+        gen_gpus=gen_gpus,
+        train_gpus=train_gpus,
+        gen_nodes=gen_nodes,
+        train_nodes=train_nodes,
+        colocated=spec.placement.kind == "colocated",
+        engines=gen.engines,
+        engine_gpus=gen.engine_gpus,
+        phases=phases,
+        weight_send_s=send,
+        rollouts=ro,
+        optimizer_steps=n_opt,
+        packed_seq_len=seq,
+        train_plan=step_plan,
+        memory=memory,
+        hbm_bytes=sc.cluster.instance.accelerator.hbm_bytes,
+        details=details,
+    )
 
 
 def _memory_fit(sc: Any, spec: RLSpec, gen: ph.GenerationPool, plan: Any) -> tuple[dict[str, float], float]:
@@ -132,36 +182,53 @@ def _memory_fit(sc: Any, spec: RLSpec, gen: ph.GenerationPool, plan: Any) -> tup
     if worst.total > hbm:
         parts = worst.as_dict()
         big = max(parts, key=parts.get)
-        raise OutOfMemoryError(f"{sc.file}: training needs {worst.total / 2**30:.1f} GiB per GPU of "
-                               f"{hbm / 2**30:.0f} GiB (largest: {big} {parts[big] / 2**30:.1f} GiB); raise "
-                               "parallelism.tp/pp/ep, use recompute or ZeRO", breakdown=parts)
+        raise OutOfMemoryError(
+            f"{sc.file}: training needs {worst.total / 2**30:.1f} GiB per GPU of "
+            f"{hbm / 2**30:.0f} GiB (largest: {big} {parts[big] / 2**30:.1f} GiB); raise "
+            "parallelism.tp/pp/ep, use recompute or ZeRO",
+            breakdown=parts,
+        )
     cfg_frac = spec.generation.serving.memory_fraction or _engine_fraction(spec)
     gen_bytes = cfg_frac * hbm
     weights = gen.pool.cost.weight_bytes_per_gpu
-    mem = {"training": worst.total, "training_static": ph.static_bytes(plan), "generation_engine": gen_bytes,
-           "generation_weights": weights, "hbm": hbm}
+    mem = {
+        "training": worst.total,
+        "training_static": ph.static_bytes(plan),
+        "generation_engine": gen_bytes,
+        "generation_weights": weights,
+        "hbm": hbm,
+    }
     if spec.placement.kind != "colocated":
         return mem, 0.0
     if spec.placement.training_state == "keep":
         need = gen_bytes + mem["training_static"]
         if need > hbm:
             raise OutOfMemoryError(
-                f"{sc.file}: rl.placement.colocated: generation ({gen_bytes / 2**30:.1f} GiB, memory_fraction "
-                f"{cfg_frac:g}) and the kept training state ({mem['training_static'] / 2**30:.1f} GiB: weights, "
-                f"gradients, optimizer) need {need / 2**30:.1f} GiB per GPU of {hbm / 2**30:.0f} GiB; offload the "
-                "training state or lower rl.generation.memory_fraction", breakdown=mem)
+                f"{sc.file}: rl.placement.colocated: generation ({gen_bytes / 2**30:.1f} GiB, "
+                f"memory_fraction {cfg_frac:g}) and the kept training state "
+                f"({mem['training_static'] / 2**30:.1f} GiB: weights, gradients, optimizer) need "
+                f"{need / 2**30:.1f} GiB per GPU of {hbm / 2**30:.0f} GiB; offload the training state or "
+                "lower rl.generation.memory_fraction",
+                breakdown=mem,
+            )
         return mem, 0.0
     link = acc.host_link_bytes_per_s
     if not link:
-        raise ConfigError(f"the catalog has no host_link for {acc.name}, which offloading needs (expected "
-                          "training_state: keep)", file=sc.file, field="rl.placement.colocated.training_state")
+        raise ConfigError(
+            f"the catalog has no host_link for {acc.name}, which offloading needs (expected "
+            "training_state: keep)",
+            file=sc.file,
+            field="rl.placement.colocated.training_state",
+        )
     moved = mem["training_static"] + weights
     host_need = moved * sc.cluster.instance.num_accelerators
     host = sc.cluster.instance.host_memory_bytes
     if host and host_need > host:
-        raise OutOfMemoryError(f"{sc.file}: rl.placement.colocated: the offloaded training state and engine weights "
-                               f"need {host_need / 2**30:.0f} GiB of host memory per node of {host / 2**30:.0f} GiB",
-                               breakdown={"host_needed": host_need, "host": host})
+        raise OutOfMemoryError(
+            f"{sc.file}: rl.placement.colocated: the offloaded training state and engine weights "
+            f"need {host_need / 2**30:.0f} GiB of host memory per node of {host / 2**30:.0f} GiB",
+            breakdown={"host_needed": host_need, "host": host},
+        )
     return mem, 2.0 * moved / link
 
 
@@ -185,20 +252,52 @@ def timeline_jobs(plan: RLPlan, steps: int) -> list[Job]:
     for i in range(steps):
         sync_dep = (f"sync{i - 1 - k}",) if i - 1 - k >= 0 else ()
         if plan.colocated:
-            jobs.append(Job(f"trans{i}", gen_s, p["transition"], sync_dep, category="transition",
-                            label="offload / reload state"))
+            jobs.append(
+                Job(
+                    f"trans{i}",
+                    gen_s,
+                    p["transition"],
+                    sync_dep,
+                    category="transition",
+                    label="offload / reload state",
+                )
+            )
             sync_dep = (f"trans{i}",)
-        jobs.append(Job(f"gen{i}", gen_s, p["generation"], sync_dep, category="generation", label=f"generation {i}"))
-        jobs.append(Job(f"rew{i}", "reward", p["reward"], (f"gen{i}",), category="reward", label=f"reward {i}"))
-        jobs.append(Job(f"lp{i}", train_s, p["logprob"], (f"rew{i}",), category="logprob", label=f"log-probs {i}"))
-        jobs.append(Job(f"tr{i}", train_s, p["training"], (f"lp{i}",), category="training", label=f"update {i}"))
-        jobs.append(Job(f"sync{i}", train_s, p["weight_sync"] if plan.colocated else plan.weight_send_s,
-                        (f"tr{i}",), category="weight_sync", label=f"weight sync {i}"))
+        jobs.append(
+            Job(f"gen{i}", gen_s, p["generation"], sync_dep, category="generation", label=f"generation {i}")
+        )
+        jobs.append(
+            Job(f"rew{i}", "reward", p["reward"], (f"gen{i}",), category="reward", label=f"reward {i}")
+        )
+        jobs.append(
+            Job(f"lp{i}", train_s, p["logprob"], (f"rew{i}",), category="logprob", label=f"log-probs {i}")
+        )
+        jobs.append(
+            Job(f"tr{i}", train_s, p["training"], (f"lp{i}",), category="training", label=f"update {i}")
+        )
+        jobs.append(
+            Job(
+                f"sync{i}",
+                train_s,
+                p["weight_sync"] if plan.colocated else plan.weight_send_s,
+                (f"tr{i}",),
+                category="weight_sync",
+                label=f"weight sync {i}",
+            )
+        )
         if not plan.colocated:
             # the generation engines take the new weights when they are done with the batch in flight
             # (generation of later steps was queued on their stream ahead of this, by off_policy)
-            jobs.append(Job(f"recv{i}", gen_s, p["weight_sync"], (f"tr{i}",), category="weight_sync",
-                            label=f"weight sync {i}"))
+            jobs.append(
+                Job(
+                    f"recv{i}",
+                    gen_s,
+                    p["weight_sync"],
+                    (f"tr{i}",),
+                    category="weight_sync",
+                    label=f"weight sync {i}",
+                )
+            )
     return _order_generation_stream(jobs, k, plan.colocated)
 
 
@@ -214,7 +313,7 @@ def _order_generation_stream(jobs: list[Job], k: int, colocated: bool) -> list[J
         order.append(g)
         if i - k >= 0:
             order.append(recv[i - k])
-    order += recv[len(gen) - k:] if k else []
+    order += recv[len(gen) - k :] if k else []
     rest = [j for j in jobs if not (j.key.startswith("gen") or j.key.startswith("recv"))]
     return order + rest
 
@@ -237,8 +336,11 @@ def step_time_estimate(plan: RLPlan) -> float:
     the busier pool, or the loop generation -> update -> sync -> generation k+1 steps later."""
     p, k = plan.phases, plan.spec.off_policy
     # generation of the next step waits for the engines to hold the weights and the trainers to be done
-    chain = sum(p.values()) - p["weight_sync"] + (p["weight_sync"] if plan.colocated
-                                                   else max(p["weight_sync"], plan.weight_send_s))
+    chain = (
+        sum(p.values())
+        - p["weight_sync"]
+        + (p["weight_sync"] if plan.colocated else max(p["weight_sync"], plan.weight_send_s))
+    )
     if plan.colocated or k == 0:
         return chain
     gen_pool = p["generation"] + p["weight_sync"]
@@ -255,9 +357,11 @@ def _bottleneck(plan: RLPlan, step: float, busy: dict[str, float]) -> tuple[str,
     top = max(p, key=p.get)
     share = p[top] / step if step else 0.0
     advice = {
-        "generation": ("rollout generation: more generation GPUs, a smaller max_response_len (the step waits for "
-                       "its longest response), off_policy overlap or fp8 rollouts"),
-        "training": "the policy update: more training GPUs, fp8 training or fewer optimizer steps per RL step",
+        "generation": (
+            "rollout generation: more generation GPUs, a smaller max_response_len (the step waits for "
+            "its longest response), off_policy overlap or fp8 rollouts"
+        ),
+        "training": "the policy update: more training GPUs, fp8 training or fewer optimizer steps a step",
         "logprob": "log-prob passes: fold the reference into the policy pass or drop the KL term (DAPO)",
         "weight_sync": "weight sync: a faster fabric, colocation (in-place reshard) or fewer weights to move",
         "reward": "the reward: more reward workers or a cheaper verifier",
@@ -273,8 +377,10 @@ def _bottleneck(plan: RLPlan, step: float, busy: dict[str, float]) -> tuple[str,
 
 def timeline_rows(run: RunResult) -> list[tuple[str, float, float, str, str]]:
     """(pool, start_s, end_s, phase, label) of every simulated phase: the step timeline per pool."""
-    return [(sp.stream, sp.start_s, sp.end_s, sp.category, sp.label)
-            for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream))]
+    return [
+        (sp.stream, sp.start_s, sp.end_s, sp.category, sp.label)
+        for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream))
+    ]
 
 
 def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None) -> Result:
@@ -286,8 +392,10 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     if plan.colocated:
         busy = {"gpus": min(1.0, (sum(p.values()) - p["reward"]) / step)}
     else:
-        busy = {"generation": min(1.0, (p["generation"] + p["weight_sync"]) / step),
-                "training": min(1.0, (p["logprob"] + p["training"] + plan.weight_send_s) / step)}
+        busy = {
+            "generation": min(1.0, (p["generation"] + p["weight_sync"]) / step),
+            "training": min(1.0, (p["logprob"] + p["training"] + plan.weight_send_s) / step),
+        }
     ro = plan.rollouts
     trained = ro.trained_tokens
     price = price_for(sc)
@@ -298,23 +406,39 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     tplan = plan.train_plan
     gen_sample = ro.generated_tokens
     metrics: dict[str, Any] = {
-        "tp": tplan.tp, "pp": tplan.pp, "dp": tplan.dp, "cp": tplan.cp, "ep": tplan.ep,
+        "tp": tplan.tp,
+        "pp": tplan.pp,
+        "dp": tplan.dp,
+        "cp": tplan.cp,
+        "ep": tplan.ep,
         "step_time_s": step,
         "tokens_per_s": trained / step,
         # NeMo RL's definition: training tokens of a batch / step time / every GPU of the job
         "tokens_per_s_per_gpu": trained / step / cl.gpus,
-        "memory_per_gpu_bytes": plan.memory["training"], "hbm_per_gpu_bytes": plan.hbm_bytes, "fits": True,
+        "memory_per_gpu_bytes": plan.memory["training"],
+        "hbm_per_gpu_bytes": plan.hbm_bytes,
+        "fits": True,
         "usd_per_step": usd_step,
         "time_to_train_s": step * steps if steps else None,
         "gpu_hours": cl.gpus * step * steps / 3600.0 if steps else None,
         "cost_usd": usd_step * steps if (steps and usd_step) else None,
-        "bottleneck": top, "pricing_option": price.option,
-        "algorithm": plan.spec.algorithm, "placement": plan.spec.placement.kind, "off_policy": k,
-        "rollouts_per_step": plan.spec.rollouts, "generated_sequences_per_step": int(ro.outs.size),
+        "bottleneck": top,
+        "pricing_option": price.option,
+        "algorithm": plan.spec.algorithm,
+        "placement": plan.spec.placement.kind,
+        "off_policy": k,
+        "rollouts_per_step": plan.spec.rollouts,
+        "generated_sequences_per_step": int(ro.outs.size),
         "optimizer_steps": plan.optimizer_steps,
-        "generation_gpus": plan.gen_gpus, "training_gpus": plan.train_gpus, "generation_tp": plan.engine_gpus,
-        "generation_s": p["generation"], "reward_s": p["reward"], "logprob_s": p["logprob"],
-        "training_s": p["training"], "weight_sync_s": p["weight_sync"], "transition_s": p["transition"],
+        "generation_gpus": plan.gen_gpus,
+        "training_gpus": plan.train_gpus,
+        "generation_tp": plan.engine_gpus,
+        "generation_s": p["generation"],
+        "reward_s": p["reward"],
+        "logprob_s": p["logprob"],
+        "training_s": p["training"],
+        "weight_sync_s": p["weight_sync"],
+        "transition_s": p["transition"],
         "generated_tokens_per_s": gen_sample / p["generation"] if p["generation"] else None,
         "trained_tokens_per_step": trained,
         "generation_utilization": busy.get("generation", busy.get("gpus")),
@@ -325,19 +449,41 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     breakdown = {f"{k_}_s": v for k_, v in p.items() if v or k_ != "transition"}
     for pool, b in busy.items():
         idle = (1.0 - b) * step
-        breakdown[f"idle_{pool}_pool_s"] = idle if idle > 1e-9 * step else 0.0     # rounding residue is no idle
+        breakdown[f"idle_{pool}_pool_s"] = idle if idle > 1e-9 * step else 0.0  # rounding residue is no idle
     det = dict(plan.details)
     det["bottleneck"] = sentence
     det["price_source"] = price.source
     if run is not None:
-        det["timeline"] = timeline_rows(run)          # the simulated steps, phase by phase, per pool
-    det["pools"] = ({"gpus": {"gpus": cl.gpus, "busy_fraction": busy["gpus"]}} if plan.colocated else
-                    {"generation": {"gpus": plan.gen_gpus, "nodes": plan.gen_nodes, "busy_fraction": busy["generation"]},
-                     "training": {"gpus": plan.train_gpus, "nodes": plan.train_nodes,
-                                  "busy_fraction": busy["training"]}})
-    return Result(scenario=sc.name, kind="rl", instance=cl.instance.name, nodes=cl.nodes, gpus=cl.gpus,
-                  usd_per_hour=usd_h, price_date=price.date, metrics=metrics, breakdown=breakdown,
-                  memory=plan.memory, details=det)
+        det["timeline"] = timeline_rows(run)  # the simulated steps, phase by phase, per pool
+    det["pools"] = (
+        {"gpus": {"gpus": cl.gpus, "busy_fraction": busy["gpus"]}}
+        if plan.colocated
+        else {
+            "generation": {
+                "gpus": plan.gen_gpus,
+                "nodes": plan.gen_nodes,
+                "busy_fraction": busy["generation"],
+            },
+            "training": {
+                "gpus": plan.train_gpus,
+                "nodes": plan.train_nodes,
+                "busy_fraction": busy["training"],
+            },
+        }
+    )
+    return Result(
+        scenario=sc.name,
+        kind="rl",
+        instance=cl.instance.name,
+        nodes=cl.nodes,
+        gpus=cl.gpus,
+        usd_per_hour=usd_h,
+        price_date=price.date,
+        metrics=metrics,
+        breakdown=breakdown,
+        memory=plan.memory,
+        details=det,
+    )
 
 
 def write_trace(run: RunResult, path: str, name: str, engine_trace: list | None = None) -> None:
@@ -347,17 +493,40 @@ def write_trace(run: RunResult, path: str, name: str, engine_trace: list | None 
     events = []
     for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream)):
         tid = tids.setdefault(sp.stream, len(tids))
-        events.append({"name": sp.label, "cat": sp.category, "ph": "X", "pid": 0, "tid": tid,
-                       "ts": sp.start_s * 1e6, "dur": (sp.end_s - sp.start_s) * 1e6})
+        events.append(
+            {
+                "name": sp.label,
+                "cat": sp.category,
+                "ph": "X",
+                "pid": 0,
+                "tid": tid,
+                "ts": sp.start_s * 1e6,
+                "dur": (sp.end_s - sp.start_s) * 1e6,
+            }
+        )
     for ename, kind, start, dt, n, tokens, steps in engine_trace or []:
         tid = tids.setdefault(ename, len(tids))
-        events.append({"name": kind, "cat": "engine", "ph": "X", "pid": 1, "tid": tid, "ts": start * 1e6,
-                       "dur": dt * 1e6, "args": {"seqs": n, "tokens": tokens, "steps": steps}})
+        events.append(
+            {
+                "name": kind,
+                "cat": "engine",
+                "ph": "X",
+                "pid": 1,
+                "tid": tid,
+                "ts": start * 1e6,
+                "dur": dt * 1e6,
+                "args": {"seqs": n, "tokens": tokens, "steps": steps},
+            }
+        )
     for tname, tid in tids.items():
         pid = 1 if tname.startswith("generation engine") else 0
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": tname}})
-    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{name}: RL steps by pool"}})
-    events.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "generation engines (one step)"}})
+    events.append(
+        {"name": "process_name", "ph": "M", "pid": 0, "args": {"name": f"{name}: RL steps by pool"}}
+    )
+    events.append(
+        {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "generation engines (one step)"}}
+    )
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
@@ -385,5 +554,13 @@ def check_rl_sections(sc: Any) -> None:
     ph.check_generation_layout(sc, spec, _pools(sc, spec)[0])
 
 
-__all__ = ["RLPlan", "build_rl_plan", "check_rl_sections", "estimate_rl", "simulate_rl", "step_time_des",
-           "step_time_estimate", "timeline_jobs"]
+__all__ = [
+    "RLPlan",
+    "build_rl_plan",
+    "check_rl_sections",
+    "estimate_rl",
+    "simulate_rl",
+    "step_time_des",
+    "step_time_estimate",
+    "timeline_jobs",
+]

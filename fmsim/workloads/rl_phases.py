@@ -15,9 +15,11 @@
 * weight sync: the fabric's collectives (:func:`fmsim.hardware.collectives.collective_time`) over the
   placed group, the host link, HBM and storage bandwidths of the catalog.
 """
+
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -45,9 +47,9 @@ from .rl_spec import RLSpec
 class Rollouts:
     """Lengths of one step's generated groups: ``prompts[i]`` and ``outs[i, j]`` (sample j)."""
 
-    prompts: np.ndarray          # (groups,)
-    outs: np.ndarray             # (groups, samples)
-    trained_groups: int          # the first this many groups are trained on (dynamic sampling drops the rest)
+    prompts: np.ndarray  # (groups,)
+    outs: np.ndarray  # (groups, samples)
+    trained_groups: int  # the first this many groups are trained on (dynamic sampling drops the rest)
 
     @property
     def trained_tokens(self) -> float:
@@ -67,7 +69,10 @@ def draw_rollouts(spec: RLSpec, seed: int, file: str | None) -> Rollouts:
     rng = np.random.default_rng(seed)
     n, g = spec.generated_prompts, spec.samples_per_prompt
     out = []
-    for where, dist, size in (("rl.prompt_len", spec.prompt_len, n), ("rl.response_len", spec.response_len, n * g)):
+    for where, dist, size in (
+        ("rl.prompt_len", spec.prompt_len, n),
+        ("rl.response_len", spec.response_len, n * g),
+    ):
         try:
             out.append(dist.sample(rng, size))
         except ConfigError as exc:
@@ -81,7 +86,7 @@ def draw_rollouts(spec: RLSpec, seed: int, file: str | None) -> Rollouts:
 
 @dataclass(frozen=True, slots=True)
 class GenerationPool:
-    pool: Pool                   # one engine's cost model and scheduler limits (serving compile step)
+    pool: Pool  # one engine's cost model and scheduler limits (serving compile step)
     engines: int
     gpus: int
     engine_gpus: int
@@ -92,15 +97,26 @@ def check_generation_layout(sc: Any, spec: RLSpec, gpus: int) -> int:
     g = spec.generation
     model = sc.workload.model
     if g.ep > 1 and not (g.serving.attention_dp and model.moe is not None):
-        raise ConfigError(f"ep {g.ep} spreads experts under attention_dp (expected attention_dp: true with an "
-                          "MoE model, or ep: 1: TP shards the experts)", file=sc.file, field="rl.generation.ep")
+        raise ConfigError(
+            f"ep {g.ep} spreads experts under attention_dp (expected attention_dp: true with an "
+            "MoE model, or ep: 1: TP shards the experts)",
+            file=sc.file,
+            field="rl.generation.ep",
+        )
     if model.heads % g.tp:
-        raise ConfigError(f"{g.tp} does not divide the {model.heads} attention heads of {model.name}",
-                          file=sc.file, field="rl.generation.tp")
+        raise ConfigError(
+            f"{g.tp} does not divide the {model.heads} attention heads of {model.name}",
+            file=sc.file,
+            field="rl.generation.tp",
+        )
     engine_gpus = g.tp * g.ep
     if gpus % engine_gpus:
-        raise ConfigError(f"{gpus} generation GPUs are not a whole number of {engine_gpus}-GPU engines "
-                          f"(expected tp x ep to divide {gpus})", file=sc.file, field="rl.generation.tp")
+        raise ConfigError(
+            f"{gpus} generation GPUs are not a whole number of {engine_gpus}-GPU engines "
+            f"(expected tp x ep to divide {gpus})",
+            file=sc.file,
+            field="rl.generation.tp",
+        )
     return engine_gpus
 
 
@@ -111,14 +127,30 @@ def build_generation(sc: Any, spec: RLSpec, gpus: int, rollouts: Rollouts) -> Ge
     engine_gpus = check_generation_layout(sc, spec, gpus)
     per_node = inst.num_accelerators
     nodes = max(1, -(-engine_gpus // per_node))
-    traffic = TrafficSpec(arrival="offline", rate_per_s=math.inf, num_requests=len(rollouts.prompts),
-                          prompt_len=spec.prompt_len, output_len=spec.response_len)
+    traffic = TrafficSpec(
+        arrival="offline",
+        rate_per_s=math.inf,
+        num_requests=len(rollouts.prompts),
+        prompt_len=spec.prompt_len,
+        output_len=spec.response_len,
+    )
     samples = spec.samples_per_prompt
     ttc = TestTimeComputeSpec(samples=samples, strategy="self-consistency" if samples > 1 else "none")
     ispec = InferenceSpec(traffic=traffic, serving=g.serving, ttc=ttc)
     try:
-        plan = build_serving_plan(name=sc.name, model=model, instance=inst, precision=sc.workload.precision,
-                                  tp=g.tp, pp=1, ep=g.ep, nodes=nodes, spec=ispec, seed=sc.seed, file=sc.file)
+        plan = build_serving_plan(
+            name=sc.name,
+            model=model,
+            instance=inst,
+            precision=sc.workload.precision,
+            tp=g.tp,
+            pp=1,
+            ep=g.ep,
+            nodes=nodes,
+            spec=ispec,
+            seed=sc.seed,
+            file=sc.file,
+        )
     except OutOfMemoryError as exc:
         raise OutOfMemoryError(f"{sc.file}: rl.generation: {exc}", breakdown=exc.breakdown) from None
     except ParallelismError as exc:
@@ -135,10 +167,13 @@ def deal_groups(rollouts: Rollouts, engines: int) -> list[list[tuple[int, np.nda
     prompt)."""
     n, g = rollouts.outs.shape
     if n % engines == 0:
-        return [[(int(rollouts.prompts[i]), rollouts.outs[i]) for i in range(e, n, engines)] for e in range(engines)]
+        return [
+            [(int(rollouts.prompts[i]), rollouts.outs[i]) for i in range(e, n, engines)]
+            for e in range(engines)
+        ]
     bounds = np.linspace(0, n * g, engines + 1).round().astype(int)
     shares: list[list[tuple[int, np.ndarray]]] = []
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in itertools.pairwise(bounds):
         share = []
         for i in range(a // g, -(-b // g)):
             lo, hi = max(a, i * g) - i * g, min(b, (i + 1) * g) - i * g
@@ -158,15 +193,21 @@ def critical_engines(shares: list[list[tuple[int, np.ndarray]]]) -> list[int]:
     return sorted({int(np.argmax(longest)), int(np.argmax(work))})
 
 
-def simulate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], *, file: str | None,
-                    trace: list | None = None, name: str = "engine") -> float:
+def simulate_engine(
+    gen: GenerationPool,
+    groups: list[tuple[int, np.ndarray]],
+    *,
+    file: str | None,
+    trace: list | None = None,
+    name: str = "engine",
+) -> float:
     """Makespan of one engine's offline batch on the serving DES (continuous batching, paged KV)."""
     env = simpy.Environment()
     eng = ReplicaEngine(env, name, gen.pool.cost, gen.pool.cfg, trace)
     jobs = []
     jid = 0
     for prompt, outs in groups:
-        sets = [outs] if gen.pool.cfg.prefix_caching else [outs[i:i + 1] for i in range(len(outs))]
+        sets = [outs] if gen.pool.cfg.prefix_caching else [outs[i : i + 1] for i in range(len(outs))]
         for o in sets:
             jid += 1
             job = Job(jid=jid, arrival_s=0.0, prompt=prompt, out=o)
@@ -174,13 +215,17 @@ def simulate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], *
             eng.submit(job)
     env.run()
     if any(j.rejected for j in jobs):
-        raise InfeasibleError(f"{file}: rl.generation: a group's prompt and responses do not fit one engine's KV "
-                              f"cache ({gen.pool.kv_capacity_tokens:,} tokens); raise tp, memory_fraction or "
-                              "lower max_response_len")
+        raise InfeasibleError(
+            f"{file}: rl.generation: a group's prompt and responses do not fit one engine's KV "
+            f"cache ({gen.pool.kv_capacity_tokens:,} tokens); raise tp, memory_fraction or "
+            "lower max_response_len"
+        )
     return max(float(np.nanmax(j.finish_s)) for j in jobs) if jobs else 0.0
 
 
-def estimate_engine(gen: GenerationPool, groups: list[tuple[int, np.ndarray]], memo: dict | None = None) -> float:
+def estimate_engine(
+    gen: GenerationPool, groups: list[tuple[int, np.ndarray]], memo: dict | None = None
+) -> float:
     """Makespan of one engine's batch without the event queue, from the same iteration costs: the
     decode work at the batch the KV cache and sequence limit allow, or the longest response decoding
     nearly alone at the end, whichever is longer, plus the prompts' prefill. ``memo`` keeps iteration
@@ -225,18 +270,30 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def training_scenario(sc: Any, *, gpus: int, nodes: int, seq_len: int, global_batch: int, model: Any = None) -> Any:
+def training_scenario(
+    sc: Any, *, gpus: int, nodes: int, seq_len: int, global_batch: int, model: Any = None
+) -> Any:
     """The scenario of a training pass on the training pool: the policy's parallelism over ``gpus``,
     ``global_batch`` packed sequences of ``seq_len`` tokens."""
     par = sc.parallelism
     mp = par.tp * par.pp * par.cp
     if gpus % mp:
-        raise ParallelismError(f"tp*pp*cp = {mp} does not divide the {gpus} training GPUs", file=sc.file,
-                               field="parallelism")
-    wl = dataclasses.replace(sc.workload, kind="finetune", seq_len=seq_len, global_batch=global_batch,
-                             model=model if model is not None else sc.workload.model)
-    return dataclasses.replace(sc, workload=wl, cluster=dataclasses.replace(sc.cluster, nodes=nodes, gpus=gpus),
-                               parallelism=dataclasses.replace(par, dp=gpus // mp))
+        raise ParallelismError(
+            f"tp*pp*cp = {mp} does not divide the {gpus} training GPUs", file=sc.file, field="parallelism"
+        )
+    wl = dataclasses.replace(
+        sc.workload,
+        kind="finetune",
+        seq_len=seq_len,
+        global_batch=global_batch,
+        model=model if model is not None else sc.workload.model,
+    )
+    return dataclasses.replace(
+        sc,
+        workload=wl,
+        cluster=dataclasses.replace(sc.cluster, nodes=nodes, gpus=gpus),
+        parallelism=dataclasses.replace(par, dp=gpus // mp),
+    )
 
 
 def packed_seq_len(sc: Any, spec: RLSpec) -> int:
@@ -253,8 +310,16 @@ def packed_batch(tokens: float, seq_len: int, dp: int, micro_batch: int) -> int:
     return _round_up(max(1, math.ceil(tokens / seq_len)), dp * micro_batch)
 
 
-def training_plan(sc: Any, *, gpus: int, nodes: int, seq_len: int, tokens: float, model: Any = None,
-                  where: str = "parallelism") -> Plan:
+def training_plan(
+    sc: Any,
+    *,
+    gpus: int,
+    nodes: int,
+    seq_len: int,
+    tokens: float,
+    model: Any = None,
+    where: str = "parallelism",
+) -> Plan:
     par = sc.parallelism
     dp = gpus // (par.tp * par.pp * par.cp) if gpus % (par.tp * par.pp * par.cp) == 0 else 1
     batch = packed_batch(tokens, seq_len, dp, sc.workload.micro_batch)
@@ -264,7 +329,9 @@ def training_plan(sc: Any, *, gpus: int, nodes: int, seq_len: int, tokens: float
     try:
         return build_plan(tsc)
     except ConfigError as exc:
-        raise ConfigError(exc.message, file=sc.file, field=where if where != "parallelism" else exc.field) from None
+        raise ConfigError(
+            exc.message, file=sc.file, field=where if where != "parallelism" else exc.field
+        ) from None
 
 
 def forward_s(plan: Plan, tokens: float | None = None) -> float:
@@ -284,7 +351,8 @@ def forward_s(plan: Plan, tokens: float | None = None) -> float:
 
 
 def update_s(plan: Plan, *, estimate: bool) -> float:
-    """One optimizer step of the plan: the training DES of :mod:`fmsim.workloads.pretrain`, or its estimate."""
+    """One optimizer step of the plan: the training DES of :mod:`fmsim.workloads.pretrain`, or its
+    estimate."""
     if estimate:
         return estimate_step(plan)[0]
     return run_jobs(build_jobs(plan), link_capacities(plan), record=False).makespan_s
@@ -319,8 +387,9 @@ def gather_s(sc: Any, train_gpus: int) -> float:
     return collective_time("all-gather", weight_bytes(sc), inst, _group(mp, inst.num_accelerators)).time_s
 
 
-def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int,
-                  gen_nodes: int) -> tuple[float, float]:
+def weight_sync_s(
+    sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int, gen_nodes: int
+) -> tuple[float, float]:
     """(seconds until every generation engine holds the trained weights, seconds the trainers spend
     sending them) -- the two differ for a broadcast, whose source is done once the data has left it
     while the last receiver waits for the chain to fill (see docs/rl.md)."""
@@ -337,9 +406,12 @@ def weight_sync_s(sc: Any, spec: RLSpec, *, gen: GenerationPool, train_gpus: int
     if ws.method == "storage":
         st = sc.cluster.storage or {}
         if not (st.get("throughput_per_tib") and st.get("capacity")):
-            raise ConfigError("storage needs cluster.storage with throughput_per_tib and capacity",
-                              file=sc.file, field="rl.weight_sync")
-        bw = st["throughput_per_tib"] * st["capacity"] / 2 ** 40
+            raise ConfigError(
+                "storage needs cluster.storage with throughput_per_tib and capacity",
+                file=sc.file,
+                field="rl.weight_sync",
+            )
+        bw = st["throughput_per_tib"] * st["capacity"] / 2**40
         # the trainers write one copy; every engine reads the whole checkpoint
         send = gather_s(sc, train_gpus) + w / bw
         return send + w * gen.engines / bw + load, send

@@ -11,6 +11,7 @@ how trained weights reach the generation engines. Errors are one located line
 ``fmsim/scenario.py`` keeps the section raw in ``Scenario.extra``; :func:`parse_rl_spec` turns it
 into an :class:`RLSpec`. The training parallelism is the scenario's own ``parallelism:``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,15 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..units import parse_bytes, parse_time
-from .inference_spec import SERVING_KEYS, LengthDist, ServingSpec, _resolve_model, _Section, parse_length, parse_serving
+from .inference_spec import (
+    SERVING_KEYS,
+    LengthDist,
+    ServingSpec,
+    _resolve_model,
+    _Section,
+    parse_length,
+    parse_serving,
+)
 
 ALGORITHMS = ("grpo", "ppo", "dapo", "rloo")
 PLACEMENTS = ("colocated", "disaggregated")
@@ -28,9 +37,25 @@ SYNC_METHODS = ("reshard", "broadcast", "storage")
 SYNC_SOURCES = ("device", "host")
 TRAINING_STATE = ("offload", "keep")
 
-RL_KEYS = ("algorithm", "prompts", "samples_per_prompt", "prompt_len", "response_len", "max_response_len",
-           "reference", "critic", "reward_model", "train_global_batch", "packed_seq_len", "generation",
-           "placement", "off_policy", "weight_sync", "dynamic_sampling", "steps")
+RL_KEYS = (
+    "algorithm",
+    "prompts",
+    "samples_per_prompt",
+    "prompt_len",
+    "response_len",
+    "max_response_len",
+    "reference",
+    "critic",
+    "reward_model",
+    "train_global_batch",
+    "packed_seq_len",
+    "generation",
+    "placement",
+    "off_policy",
+    "weight_sync",
+    "dynamic_sampling",
+    "steps",
+)
 #: the ``serving:`` fields that mean something for one rollout engine (no router, replicas or P/D split)
 GENERATION_SERVING_KEYS = tuple(k for k in SERVING_KEYS if k not in ("replicas", "router", "disaggregation"))
 GENERATION_KEYS = ("tp", "ep", *GENERATION_SERVING_KEYS)
@@ -53,8 +78,8 @@ DEFAULT_REWARD_WORKERS = 8
 class RewardSpec:
     """A reward model (a forward pass over each sequence) or a rule (CPU time per sample)."""
 
-    model: Any = None                 # ModelSpec, or None for a rule
-    cpu_time_s: float = 0.0           # rule: CPU seconds per sample
+    model: Any = None  # ModelSpec, or None for a rule
+    cpu_time_s: float = 0.0  # rule: CPU seconds per sample
     workers: int = DEFAULT_REWARD_WORKERS
 
     @property
@@ -76,7 +101,7 @@ class PlacementSpec:
     """``colocated`` (both engines time-share every GPU) or ``disaggregated`` pools of nodes."""
 
     kind: str = "colocated"
-    training_state: str = "offload"   # colocated: the training state leaves HBM while generating, or stays
+    training_state: str = "offload"  # colocated: the training state leaves HBM while generating, or stays
     generation_nodes: int = 0
     training_nodes: int = 0
 
@@ -89,7 +114,7 @@ class WeightSyncSpec:
     """How trained weights reach the generation engines."""
 
     method: str = "reshard"
-    source: str = "device"            # broadcast from the trainers' HBM, or from host memory (checkpoint-engine)
+    source: str = "device"  # broadcast from the trainers' HBM, or from host memory (checkpoint-engine)
     bucket_bytes: float = 1 << 30
 
     def __post_init__(self) -> None:
@@ -105,19 +130,19 @@ class RLSpec:
     samples_per_prompt: int = 8
     prompt_len: LengthDist = field(default_factory=lambda: LengthDist(kind="fixed", value=256))
     response_len: LengthDist = field(default_factory=lambda: LengthDist(kind="fixed", value=1024))
-    max_response_len: int = 0         # 0 = none; else every response is cut there (the tail truncated)
-    reference: Any = None             # ModelSpec or None
-    critic: Any = None                # ModelSpec or None
+    max_response_len: int = 0  # 0 = none; else every response is cut there (the tail truncated)
+    reference: Any = None  # ModelSpec or None
+    critic: Any = None  # ModelSpec or None
     reward: RewardSpec = field(default_factory=RewardSpec)
-    train_global_batch: int = 0       # sequences per optimizer step (0 = all rollouts in one step)
-    packed_seq_len: int = 0           # tokens per packed training sequence (0 = max prompt + max response)
+    train_global_batch: int = 0  # sequences per optimizer step (0 = all rollouts in one step)
+    packed_seq_len: int = 0  # tokens per packed training sequence (0 = max prompt + max response)
     generation: GenerationSpec = field(default_factory=GenerationSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     off_policy: int = 0
     weight_sync: WeightSyncSpec = field(default_factory=WeightSyncSpec)
-    filtered_share: float = 0.0       # DAPO: share of groups dynamic sampling drops (all rewards equal)
-    over_generate: float = 1.0        # groups generated per group trained
-    steps: int = 0                    # RL steps of the run (0: per-step figures only)
+    filtered_share: float = 0.0  # DAPO: share of groups dynamic sampling drops (all rewards equal)
+    over_generate: float = 1.0  # groups generated per group trained
+    steps: int = 0  # RL steps of the run (0: per-step figures only)
 
     def __post_init__(self) -> None:
         assert self.algorithm in ALGORITHMS
@@ -130,7 +155,7 @@ class RLSpec:
     @property
     def generated_prompts(self) -> int:
         """Prompt groups generated per RL step (more than ``prompts`` under dynamic sampling)."""
-        return max(self.prompts, -(-int(round(self.prompts * self.over_generate * 1e6)) // 1_000_000))
+        return max(self.prompts, -(-round(self.prompts * self.over_generate * 1e6) // 1_000_000))
 
     @property
     def optimizer_steps(self) -> int:
@@ -159,7 +184,11 @@ def _reward(s: _Section, catalog: Any) -> RewardSpec:
         return RewardSpec()
     if isinstance(raw, Mapping) and not ({"layers", "hidden"} & set(raw)):
         r = s.sub("reward_model", REWARD_KEYS)
-        model = _resolve_model(r.raw("model"), s.file, "rl.reward_model.model", catalog) if r.has("model") else None
+        model = (
+            _resolve_model(r.raw("model"), s.file, "rl.reward_model.model", catalog)
+            if r.has("model")
+            else None
+        )
         cpu = r.parsed("cpu_time", parse_time, 0.0)
         if cpu < 0:
             raise r.err("cpu_time", f"{cpu:g} s must be >= 0")
@@ -167,7 +196,9 @@ def _reward(s: _Section, catalog: Any) -> RewardSpec:
             raise r.err("cpu_time", "is the cost of a rule reward (give model or cpu_time, not both)")
         return RewardSpec(model=model, cpu_time_s=cpu, workers=r.integer("workers", DEFAULT_REWARD_WORKERS))
     if isinstance(raw, bool) or not isinstance(raw, (str, Mapping)):
-        raise s.err("reward_model", f"{raw!r} is not a reward (expected rule, {{cpu_time: 5 ms}}, or a model)")
+        raise s.err(
+            "reward_model", f"{raw!r} is not a reward (expected rule, {{cpu_time: 5 ms}}, or a model)"
+        )
     return RewardSpec(model=_resolve_model(raw, s.file, "rl.reward_model", catalog))
 
 
@@ -179,21 +210,27 @@ def _generation(s: _Section) -> GenerationSpec:
     except ConfigError as exc:
         fld = (exc.field or "").removeprefix("serving")
         raise ConfigError(exc.message, file=exc.file, field=f"rl.generation{fld}") from None
-    return GenerationSpec(tp=g.integer("tp", 1), ep=g.integer("ep", 1),
-                          serving=dataclasses.replace(sv, replicas=1))
+    return GenerationSpec(
+        tp=g.integer("tp", 1), ep=g.integer("ep", 1), serving=dataclasses.replace(sv, replicas=1)
+    )
 
 
 def _placement(s: _Section) -> PlacementSpec:
     raw = s.raw("placement", "colocated")
     if isinstance(raw, str):
         if raw == "disaggregated":
-            raise s.err("placement", "disaggregated needs its pools: {disaggregated: {generation_nodes: N, "
-                        "training_nodes: M}}")
+            raise s.err(
+                "placement",
+                "disaggregated needs its pools: {disaggregated: {generation_nodes: N, training_nodes: M}}",
+            )
         s.choice("placement", PLACEMENTS)
         return PlacementSpec()
     if not isinstance(raw, Mapping) or len(raw) != 1:
-        raise s.err("placement", f"{raw!r} is not a placement (expected colocated, {{colocated: {{...}}}} or "
-                    "{disaggregated: {generation_nodes: N, training_nodes: M}})")
+        raise s.err(
+            "placement",
+            f"{raw!r} is not a placement (expected colocated, {{colocated: {{...}}}} or "
+            "{disaggregated: {generation_nodes: N, training_nodes: M}})",
+        )
     kind = str(next(iter(raw)))
     if kind not in PLACEMENTS:
         from ..catalog import suggest
@@ -207,8 +244,11 @@ def _placement(s: _Section) -> PlacementSpec:
     for k in DISAGG_KEYS:
         if not d.has(k):
             raise d.err(k, "is required (nodes of this pool)")
-    return PlacementSpec(kind="disaggregated", generation_nodes=d.integer("generation_nodes"),
-                         training_nodes=d.integer("training_nodes"))
+    return PlacementSpec(
+        kind="disaggregated",
+        generation_nodes=d.integer("generation_nodes"),
+        training_nodes=d.integer("training_nodes"),
+    )
 
 
 def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
@@ -230,13 +270,17 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
         spec = WeightSyncSpec(method=method, source=source, bucket_bytes=bucket)
         where = "weight_sync.method"
     if method == "reshard" and placement.kind == "disaggregated":
-        raise s.err(where, "reshard moves weights between layouts on the same GPUs; disaggregated pools "
-                    "need broadcast or storage")
+        raise s.err(
+            where,
+            "reshard moves weights between layouts on the same GPUs; disaggregated pools "
+            "need broadcast or storage",
+        )
     return spec
 
 
-def parse_rl_spec(extra: Mapping[str, Any], *, file: str | None = None, policy: Any = None,
-                  catalog: Any = None) -> RLSpec:
+def parse_rl_spec(
+    extra: Mapping[str, Any], *, file: str | None = None, policy: Any = None, catalog: Any = None
+) -> RLSpec:
     """The ``rl:`` section of ``Scenario.extra`` as an :class:`RLSpec` (a missing section takes the
     defaults). ``policy``: the scenario's ``workload.model``, which ``reference``/``critic`` copy."""
     s = _Section(extra.get("rl"), file, "rl", RL_KEYS)
@@ -244,14 +288,18 @@ def parse_rl_spec(extra: Mapping[str, Any], *, file: str | None = None, policy: 
     with_ref, with_critic = ALGORITHM_MODELS[algo]
     samples = s.integer("samples_per_prompt", 1 if algo == "ppo" else 8)
     if algo in ("grpo", "dapo", "rloo") and samples < 2:
-        raise s.err("samples_per_prompt", f"{samples} with algorithm {algo} (expected >= 2: the group's other "
-                    "samples are its baseline)")
+        raise s.err(
+            "samples_per_prompt",
+            f"{samples} with algorithm {algo} (expected >= 2: the group's other samples are its baseline)",
+        )
     prompts = s.integer("prompts", 64)
     max_resp = s.integer("max_response_len", 0, minimum=1)
     response = parse_length(s.raw("response_len", 1024), file=file, where="rl.response_len")
     if max_resp:
         # the cap truncates every longer response (a generation's max_new_tokens): clip at it
-        response = dataclasses.replace(response, max=min(response.max, max_resp) if response.max else max_resp)
+        response = dataclasses.replace(
+            response, max=min(response.max, max_resp) if response.max else max_resp
+        )
         if response.min > response.max:
             raise s.err("max_response_len", f"{max_resp} is below response_len min {response.min}")
     prompt = parse_length(s.raw("prompt_len", 256), file=file, where="rl.prompt_len")
@@ -263,7 +311,9 @@ def parse_rl_spec(extra: Mapping[str, Any], *, file: str | None = None, policy: 
     filtered, over = 0.0, 1.0
     if s.has("dynamic_sampling"):
         if algo != "dapo":
-            raise s.err("dynamic_sampling", f"is DAPO's group filter (algorithm {algo}; expected algorithm: dapo)")
+            raise s.err(
+                "dynamic_sampling", f"is DAPO's group filter (algorithm {algo}; expected algorithm: dapo)"
+            )
         d = s.sub("dynamic_sampling", DYNAMIC_KEYS)
         if d.has("filtered_share") == d.has("over_generate"):
             raise d.err("filtered_share", "give exactly one of filtered_share or over_generate")
@@ -278,25 +328,52 @@ def parse_rl_spec(extra: Mapping[str, Any], *, file: str | None = None, policy: 
     if off > 8:
         raise s.err("off_policy", f"{off} must be <= 8 (steps of staleness)")
     if off and placement.kind == "colocated":
-        raise s.err("off_policy", f"{off} needs disaggregated placement (colocated generation and training "
-                    "share the GPUs, so they cannot overlap)")
+        raise s.err(
+            "off_policy",
+            f"{off} needs disaggregated placement (colocated generation and training "
+            "share the GPUs, so they cannot overlap)",
+        )
     tgb = s.integer("train_global_batch", 0, minimum=1)
     if tgb and tgb > prompts * samples:
-        raise s.err("train_global_batch", f"{tgb} exceeds the {prompts * samples} rollouts of a step "
-                    "(prompts x samples_per_prompt)")
+        raise s.err(
+            "train_global_batch",
+            f"{tgb} exceeds the {prompts * samples} rollouts of a step (prompts x samples_per_prompt)",
+        )
     packed = s.integer("packed_seq_len", 0, minimum=1)
     if packed and packed < prompt.smallest() + response.smallest():
-        raise s.err("packed_seq_len", f"{packed} is shorter than the shortest sequence "
-                    f"({prompt.smallest() + response.smallest()} tokens)")
+        raise s.err(
+            "packed_seq_len",
+            f"{packed} is shorter than the shortest sequence "
+            f"({prompt.smallest() + response.smallest()} tokens)",
+        )
     return RLSpec(
-        algorithm=algo, prompts=prompts, samples_per_prompt=samples, prompt_len=prompt, response_len=response,
-        max_response_len=max_resp, reference=_model_or_none(s, "reference", with_ref, policy, catalog),
-        critic=critic, reward=_reward(s, catalog), train_global_batch=tgb, packed_seq_len=packed,
-        generation=_generation(s), placement=placement, off_policy=off,
-        weight_sync=_weight_sync(s, placement), filtered_share=filtered, over_generate=over,
+        algorithm=algo,
+        prompts=prompts,
+        samples_per_prompt=samples,
+        prompt_len=prompt,
+        response_len=response,
+        max_response_len=max_resp,
+        reference=_model_or_none(s, "reference", with_ref, policy, catalog),
+        critic=critic,
+        reward=_reward(s, catalog),
+        train_global_batch=tgb,
+        packed_seq_len=packed,
+        generation=_generation(s),
+        placement=placement,
+        off_policy=off,
+        weight_sync=_weight_sync(s, placement),
+        filtered_share=filtered,
+        over_generate=over,
         steps=s.integer("steps", 0, minimum=1),
     )
 
 
-__all__ = ["ALGORITHMS", "GenerationSpec", "PlacementSpec", "RLSpec", "RewardSpec", "WeightSyncSpec",
-           "parse_rl_spec"]
+__all__ = [
+    "ALGORITHMS",
+    "GenerationSpec",
+    "PlacementSpec",
+    "RLSpec",
+    "RewardSpec",
+    "WeightSyncSpec",
+    "parse_rl_spec",
+]
