@@ -18,7 +18,8 @@ from fmsim.errors import OutOfMemoryError
 from fmsim.export import csv_header
 from fmsim.results import COMMON_COLUMNS, RL_COLUMNS
 from fmsim.scenario import scenario_from_mapping
-from fmsim.workloads.rl import build_rl_plan, step_time_des, step_time_estimate
+from fmsim.workloads.rl import build_rl_plan
+from fmsim.workloads.rl_timeline import step_time_des, step_time_estimate
 
 GOLDEN = Path(__file__).parent / "golden" / "rl_csv_header.txt"
 
