@@ -70,6 +70,11 @@ DYNAMIC_KEYS = ("filtered_share", "over_generate")
 #: Ahmadian et al. 2024 §3, the same KL-regularised reward); PPO adds a value model (Ouyang et al.
 #: 2022 §3.5); DAPO drops the KL term and so the reference (Yu et al. 2025, arXiv 2503.14476 §2.3).
 ALGORITHM_MODELS = {"grpo": (True, False), "ppo": (True, True), "dapo": (False, False), "rloo": (True, False)}
+#: bounds that keep a step's memory and run time bounded whatever the file says (a step of the largest
+#: published runs holds ~10^4 sequences: DAPO's 512 prompts x 16 samples, generated 3x)
+MAX_PROMPTS = 1_000_000
+MAX_SAMPLES = 4096
+MAX_SEQUENCES = 262_144
 #: NeMo RL's math environment scores with 8 workers (examples/configs/grpo_math_1B.yaml, env.math.num_workers)
 DEFAULT_REWARD_WORKERS = 8
 
@@ -292,7 +297,11 @@ def parse_rl_spec(
             "samples_per_prompt",
             f"{samples} with algorithm {algo} (expected >= 2: the group's other samples are its baseline)",
         )
+    if samples > MAX_SAMPLES:
+        raise s.err("samples_per_prompt", f"{samples} must be <= {MAX_SAMPLES:,}")
     prompts = s.integer("prompts", 64)
+    if prompts > MAX_PROMPTS:
+        raise s.err("prompts", f"{prompts:,} must be <= {MAX_PROMPTS:,} prompt groups per step")
     max_resp = s.integer("max_response_len", 0, minimum=1)
     response = parse_length(s.raw("response_len", 1024), file=file, where="rl.response_len")
     if max_resp:
@@ -323,6 +332,14 @@ def parse_rl_spec(
         else:
             over = d.number("over_generate", low=1.0, high=20.0)
             filtered = 1.0 - 1.0 / over
+    generated = prompts * over * samples
+    if generated > MAX_SEQUENCES:
+        raise s.err(
+            "prompts" if not s.has("dynamic_sampling") else "dynamic_sampling",
+            f"{prompts:,} prompts x {samples} samples"
+            + (f" x {over:g} (dynamic sampling)" if over > 1 else "")
+            + f" = {generated:,.0f} sequences a step; at most {MAX_SEQUENCES:,} are simulated",
+        )
     placement = _placement(s)
     off = s.integer("off_policy", 0, minimum=0)
     if off > 8:
