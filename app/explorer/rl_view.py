@@ -13,13 +13,23 @@ import pandas as pd
 import streamlit as st
 import yaml
 
-from . import charts, logic, widgets
+from . import logic, widgets
 
 P = "rl"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
 PLACEMENTS = ["colocated", "disaggregated"]
 TP_OPTIONS = [1, 2, 4, 8, 16, 32]
 PHASES = ("transition", "generation", "reward", "logprob", "training", "weight_sync")
+#: one colour per phase, the same in the timeline and the breakdown
+PHASE_COLOURS = {
+    "offload / reload": "#9d755d",
+    "generation": "#4c78a8",
+    "reward": "#54a24b",
+    "log-probs": "#72b7b2",
+    "policy update": "#f58518",
+    "weight sync": "#e45756",
+}
+PHASE_SCALE = alt.Scale(domain=list(PHASE_COLOURS), range=list(PHASE_COLOURS.values()))
 PHASE_LABELS = {
     "transition": "offload / reload",
     "generation": "generation",
@@ -218,7 +228,9 @@ def timeline_chart(rows: tuple) -> alt.Chart:
             x=alt.X("start_s:Q", title="seconds"),
             x2="end_s:Q",
             y=alt.Y("lane:N", title=None, sort=list(dict.fromkeys(r[0] for r in rows))),
-            color=alt.Color("phase:N", legend=alt.Legend(orient="bottom", title=None, columns=6)),
+            color=alt.Color(
+                "phase:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=6)
+            ),
             tooltip=[
                 "lane:N",
                 "label:N",
@@ -227,6 +239,26 @@ def timeline_chart(rows: tuple) -> alt.Chart:
             ],
         )
         .properties(height=alt.Step(28))
+    )
+
+
+def phase_bar(rows: list[dict[str, Any]]) -> alt.Chart:
+    """Stacked bars of one step's phases, one bar per run (base, what-if), coloured as the timeline."""
+    order = list(PHASE_COLOURS)
+    data = pd.DataFrame([{**r, "order": order.index(r["part"])} for r in rows])
+    return (
+        alt.Chart(data)
+        .mark_bar()
+        .encode(
+            x=alt.X("seconds:Q", title="seconds per RL step", stack="zero"),
+            y=alt.Y("run:N", title=None, sort=None),
+            color=alt.Color(
+                "part:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=3)
+            ),
+            order=alt.Order("order:Q"),
+            tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
+        )
+        .properties(height=alt.Step(30))
     )
 
 
@@ -316,7 +348,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     with left:
         st.subheader("One step's phases")
         runs = ([("base", b)] if b is not None else []) + [(name, r)]
-        st.altair_chart(charts.breakdown_bar(phase_rows(runs), "seconds per RL step"), width="stretch")
+        st.altair_chart(phase_bar(phase_rows(runs)), width="stretch")
     with right:
         st.subheader("Memory per GPU")
         mem = r.memory
