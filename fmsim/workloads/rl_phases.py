@@ -226,10 +226,14 @@ def simulate_engine(
 def estimate_engine(
     gen: GenerationPool, groups: list[tuple[int, np.ndarray]], memo: dict | None = None
 ) -> float:
-    """Makespan of one engine's batch without the event queue, from the same iteration costs: the
-    decode work at the batch the KV cache and sequence limit allow, or the longest response decoding
-    nearly alone at the end, whichever is longer, plus the prompts' prefill. ``memo`` keeps iteration
-    costs between the engines of one plan."""
+    """Makespan of one engine's batch without the event queue, from the same iteration costs.
+
+    The engine runs at the batch ``b`` its sequence limit and KV cache allow until the queue drains,
+    then its last ``b`` sequences -- taken as the longest ones -- finish one by one, the batch shrinking
+    as each ends: ``sum over k = b..1`` of (the steps run with k alive) x the step at k sequences
+    and their mean context then. The step cost ``c0(k) + c1 k ctx`` comes from the engine's cost model at
+    a few batch sizes (interpolated in k); the prompts' prefill adds on. ``memo`` keeps the costs
+    between the engines of one plan."""
     if not groups:
         return 0.0
     memo = {} if memo is None else memo
@@ -242,24 +246,42 @@ def estimate_engine(
     prompt_slots = float((prompts if share else prompts * sizes).sum()) / n
     per_seq = float(cfg.kv_slots(prompt_slots + outs.mean() / 2.0))
     b = max(1, round(min(cfg.max_seqs, n, pool.kv_capacity_tokens / max(1.0, per_seq))))
-    ctx = cost.effective_context(float((prompts * sizes).sum() / n) + outs.mean() / 2.0)
+    pbar = float((prompts * sizes).sum() / n)
 
-    def step(nb: int, c: float) -> float:
-        if ("decode", nb) not in memo:
-            memo["decode", nb] = cost.decode_coeffs(nb)
-        c0, c1 = memo["decode", nb]
-        return c0 + c1 * nb * c
+    def coeffs(k: int) -> tuple[float, float]:
+        if ("decode", k) not in memo:
+            memo["decode", k] = cost.decode_coeffs(k)
+        return memo["decode", k]
 
-    def prefill(p: int) -> float:
+    # c0 is close to linear in the batch (weight reads, then per-token work); four sizes pin it down
+    grid = sorted({1, max(1, b // 4), max(1, b // 2), b})
+    c0s = [coeffs(k)[0] for k in grid]
+    c1 = coeffs(b)[1]
+
+    def eff(ctx: np.ndarray) -> np.ndarray:
+        """Attention context of one sequence at each mean context (local layers see their window)."""
+        if not cost.window_share:
+            return ctx
+        return np.array([cost.effective_context(c) for c in ctx])
+
+    longest = np.sort(outs)[::-1][:b]
+    rest = float(outs.sum() - longest.sum())
+    t = 0.0
+    if rest > 0:  # the queue: the other sequences' tokens at the full batch
+        full = float(np.interp(b, grid, c0s)) + c1 * b * float(eff(np.array([pbar + outs.mean() / 2.0]))[0])
+        t += rest / b * full
+    # the shrinking batch: k sequences alive between the k-th and (k+1)-th longest response lengths
+    hi = longest
+    lo = np.append(longest[1:], 0.0)
+    k = np.arange(1, len(longest) + 1, dtype=float)
+    span = hi - lo
+    t += float(np.sum(span * (np.interp(k, grid, c0s) + c1 * k * eff(pbar + (lo + hi) / 2.0))))
+    pre = 0.0
+    for p, size in zip(prompts, sizes, strict=True):
         if ("prefill", p) not in memo:
-            memo["prefill", p] = cost.prefill_time(p)
-        return memo["prefill", p]
-
-    bulk = outs.sum() / b * step(b, ctx)
-    lmax = outs.max()
-    tail = lmax * step(1, cost.effective_context(float(prompts.max()) + lmax / 2.0))
-    pre = sum(prefill(int(p)) * (1 if share else s) for p, s in zip(prompts, sizes, strict=True))
-    return max(bulk, tail) + pre
+            memo["prefill", p] = cost.prefill_time(int(p))
+        pre += memo["prefill", p] * (1 if share else size)
+    return t + pre
 
 
 # ----------------------------------------------------------------------------------------------
