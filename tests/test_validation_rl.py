@@ -1,7 +1,7 @@
 """RL predictions against published measurements (scenarios/validation/rl).
 
 Issue 26's bar for NeMo RL v0.4 GRPO: step time median |error| <= 10 %, worst <= 25 %. Not met: on
-2026-12-01 the 7 step times are predicted 20-70 % short (median 50.7 %, worst 70.3 %; docs/rl.md
+2026-12-01 the 7 step times are predicted 20-70 % short (median 50.2 %, worst 70.3 %; docs/rl.md
 "Validation" says where the time goes). These tests guard today's level -- they fail if the set gets
 worse than it is plus a small margin -- and the target is a strict xfail until it is met.
 """
