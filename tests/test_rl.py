@@ -118,6 +118,14 @@ def test_colocated_memory_refuses_a_plan_that_does_not_fit_naming_what_overflows
     assert ok.metrics["transition_s"] > 0
 
 
+def test_a_reward_model_scores_on_the_training_pool():
+    rule = fmsim.simulate(disagg(2, 2, off_policy=1)).metrics
+    model = fmsim.simulate(disagg(2, 2, off_policy=1, reward_model="llama3.1-8b")).metrics
+    assert model["reward_s"] > 0 and rule["reward_s"] == 0
+    assert model["training_utilization"] > rule["training_utilization"]
+    assert model["step_time_s"] >= rule["step_time_s"]
+
+
 def test_training_that_does_not_fit_is_refused_naming_its_largest_part():
     d = copy.deepcopy(BASE)
     d["workload"]["model"] = "llama3.1-70b"
@@ -140,14 +148,17 @@ def test_same_seed_same_numbers_and_another_seed_other_draws():
     [(0.0, 10.0, 0.5, 2.0, 3.0, 1.0), (0.0, 2.0, 0.0, 4.0, 5.0, 0.5), (0.0, 6.0, 1.0, 1.0, 1.0, 3.0)],
 )
 @pytest.mark.parametrize("send", [0.2, 1.0])
-def test_the_step_timeline_settles_to_its_closed_form(k, phases, send):
+@pytest.mark.parametrize("reward_on_gpus", [False, True])
+def test_the_step_timeline_settles_to_its_closed_form(k, phases, send, reward_on_gpus):
     """The DES of the phases over pools reaches the steady state the estimate writes down (``send``:
-    the trainers' share of the weight sync, below or above the receivers' time)."""
+    the trainers' share of the weight sync, below or above the receivers' time; the reward on the CPUs
+    or, a reward model, on the training pool)."""
     plan = build_rl_plan(disagg(1, 1), estimate=True)
     plan = dataclasses.replace(
         plan,
         spec=dataclasses.replace(plan.spec, off_policy=k),
         weight_send_s=send,
+        reward_on_gpus=reward_on_gpus,
         phases=dict(
             zip(
                 ("transition", "generation", "reward", "logprob", "training", "weight_sync"),

@@ -7,6 +7,7 @@ bottleneck sentence; the step timeline and its trace are :mod:`fmsim.workloads.r
 points for the facade: :func:`simulate_rl` and :func:`estimate_rl`. Field reference and method:
 ``docs/rl.md``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ class RLPlan:
     engine_gpus: int
     phases: dict[str, float]  # seconds per step, by phase (PHASES)
     weight_send_s: float  # of weight_sync: what the trainers spend sending
+    reward_on_gpus: bool = False  # a reward model scores on the training pool; a rule on the CPUs
     rollouts: ph.Rollouts
     optimizer_steps: int
     packed_seq_len: int
@@ -154,6 +156,7 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
         engines=gen.engines,
         engine_gpus=gen.engine_gpus,
         phases=phases,
+        reward_on_gpus=not rw.is_rule,
         weight_send_s=send,
         rollouts=ro,
         optimizer_steps=n_opt,
@@ -269,11 +272,21 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     k = plan.spec.off_policy
     cl = sc.cluster
     if plan.colocated:
-        busy = {"gpus": min(1.0, (sum(p.values()) - p["reward"]) / step)}
+        cpu = 0.0 if plan.reward_on_gpus else p["reward"]
+        busy = {"gpus": min(1.0, (sum(p.values()) - cpu) / step)}
     else:
         busy = {
             "generation": min(1.0, (p["generation"] + p["weight_sync"]) / step),
-            "training": min(1.0, (p["logprob"] + p["training"] + plan.weight_send_s) / step),
+            "training": min(
+                1.0,
+                (
+                    p["logprob"]
+                    + p["training"]
+                    + plan.weight_send_s
+                    + (p["reward"] if plan.reward_on_gpus else 0.0)
+                )
+                / step,
+            ),
         }
     ro = plan.rollouts
     trained = ro.trained_tokens

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def timeline_jobs(plan: RLPlan, steps: int) -> list[Job]:
     """The phases of ``steps`` RL steps as jobs: one stream per GPU pool (one for a colocated
-    cluster), the rule reward on the CPUs. Generation of step i uses the weights of step i-1-k
+    cluster), a rule reward on the CPUs (a reward model on the training pool). Generation of step i uses the weights of step i-1-k
     (``off_policy`` k): it waits for that sync only, so it runs beside the training of the steps between."""
     p, k = plan.phases, plan.spec.off_policy
     gen_s, train_s = ("gpus", "gpus") if plan.colocated else ("generation pool", "training pool")
@@ -46,7 +46,14 @@ def timeline_jobs(plan: RLPlan, steps: int) -> list[Job]:
             Job(f"gen{i}", gen_s, p["generation"], sync_dep, category="generation", label=f"generation {i}")
         )
         jobs.append(
-            Job(f"rew{i}", "reward", p["reward"], (f"gen{i}",), category="reward", label=f"reward {i}")
+            Job(
+                f"rew{i}",
+                train_s if plan.reward_on_gpus else "reward",
+                p["reward"],
+                (f"gen{i}",),
+                category="reward",
+                label=f"reward {i}",
+            )
         )
         jobs.append(
             Job(f"lp{i}", train_s, p["logprob"], (f"rew{i}",), category="logprob", label=f"log-probs {i}")
@@ -124,6 +131,8 @@ def step_time_estimate(plan: RLPlan) -> float:
         return chain
     gen_pool = p["generation"] + p["weight_sync"]
     train_pool = p["logprob"] + p["training"] + plan.weight_send_s
+    if plan.reward_on_gpus:  # a reward model scores on the training pool; a rule on the CPUs beside it
+        return max(gen_pool, train_pool + p["reward"], chain / (k + 1))
     return max(gen_pool, train_pool, p["reward"], chain / (k + 1))
 
 
