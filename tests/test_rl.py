@@ -118,6 +118,17 @@ def test_colocated_memory_refuses_a_plan_that_does_not_fit_naming_what_overflows
     assert ok.metrics["transition_s"] > 0
 
 
+def test_the_training_parallelism_is_checked_on_the_training_pool_not_the_cluster():
+    """40 GPUs do not split into tp*pp = 16-GPU replicas, the 32 of the training pool do."""
+    d = copy.deepcopy(BASE)
+    d["parallelism"] = {"tp": 8, "pp": 2, "recompute": "full", "zero": 1}
+    d["cluster"]["nodes"] = 5
+    d["rl"]["placement"] = {"disaggregated": {"generation_nodes": 1, "training_nodes": 4}}
+    res = fmsim.simulate(scenario_from_mapping(d, file="x.yaml"))
+    assert (res.metrics["tp"], res.metrics["pp"], res.metrics["dp"]) == (8, 2, 2)
+    assert res.metrics["training_gpus"] == 32 and res.metrics["generation_gpus"] == 8
+
+
 def test_a_reward_model_scores_on_the_training_pool():
     rule = fmsim.simulate(disagg(2, 2, off_policy=1)).metrics
     model = fmsim.simulate(disagg(2, 2, off_policy=1, reward_model="llama3.1-8b")).metrics

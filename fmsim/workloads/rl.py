@@ -399,7 +399,9 @@ def estimate_rl(sc: Any) -> Result:
 def check_rl_sections(sc: Any) -> None:
     """Validate the ``rl:`` section and the pools it makes without running (``fmsim lint``)."""
     spec = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
-    ph.check_generation_layout(sc, spec, _pools(sc, spec)[0])
+    gen_gpus, train_gpus, _, _ = _pools(sc, spec)
+    ph.check_generation_layout(sc, spec, gen_gpus)
+    ph.check_training_layout(sc, train_gpus)
 
 
 __all__ = [

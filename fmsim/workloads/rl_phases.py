@@ -292,17 +292,35 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def check_training_layout(sc: Any, gpus: int) -> None:
+    """The policy's parallelism on the training pool's ``gpus`` (the scenario reader leaves it to the
+    workload): tp*pp*cp divides the pool, and ep the tp*cp*dp ranks of a stage (ParallelismError)."""
+    par = sc.parallelism
+    mp = par.tp * par.pp * par.cp
+    if gpus % mp:
+        raise ParallelismError(
+            f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the {gpus} GPUs of the training "
+            "pool (expected a pool that is a multiple of it)",
+            file=sc.file,
+            field="parallelism",
+        )
+    ranks = par.tp * par.cp * (gpus // mp)
+    if par.ep > 1 and ranks % par.ep:
+        raise ParallelismError(
+            f"{par.ep} does not divide the tp*cp*dp = {ranks} ranks of a pipeline stage of the training pool",
+            file=sc.file,
+            field="parallelism.ep",
+        )
+
+
 def training_scenario(
     sc: Any, *, gpus: int, nodes: int, seq_len: int, global_batch: int, model: Any = None
 ) -> Any:
     """The scenario of a training pass on the training pool: the policy's parallelism over ``gpus``,
     ``global_batch`` packed sequences of ``seq_len`` tokens."""
+    check_training_layout(sc, gpus)
     par = sc.parallelism
     mp = par.tp * par.pp * par.cp
-    if gpus % mp:
-        raise ParallelismError(
-            f"tp*pp*cp = {mp} does not divide the {gpus} training GPUs", file=sc.file, field="parallelism"
-        )
     wl = dataclasses.replace(
         sc.workload,
         kind="finetune",
