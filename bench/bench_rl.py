@@ -65,13 +65,13 @@ def main() -> None:
     ]
     for p in plans[:3]:
         fmsim.estimate(p)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for p in plans:
         fmsim.estimate(p)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(
         f"--estimate: {len(plans)} plans in {wall:.2f} s = {len(plans) / wall:,.0f} plans/s"
-        "   (target >= 100/s)"
+        f"   (target >= 100/s; {len(plans) / cpu:,.0f} per CPU-second, what a busy machine leaves aside)"
     )
 
 
