@@ -218,3 +218,19 @@ def test_trace_shows_the_phases_per_pool(tmp_path):
     assert {"generation pool", "training pool"} <= names
     cats = {e.get("cat") for e in events if e["ph"] == "X"}
     assert {"generation", "logprob", "training", "weight_sync", "engine"} <= cats
+
+
+def test_a_group_larger_than_the_kv_cache_runs_in_pieces_and_a_sample_that_cannot_fit_is_refused():
+    import numpy as np
+
+    from fmsim.engine.serving_des import EngineConfig
+    from fmsim.workloads.rl_phases import _fitting_sets
+
+    cfg = EngineConfig(max_seqs=256, max_batch_tokens=8192, chunked_prefill=True, mixed_batches=True,
+                       block_size=16, total_blocks=100, admission="optimistic", prefix_caching=True)
+    outs = np.array([400, 400, 400, 400, 400], dtype=np.int64)   # 26 blocks each with a 10-token prompt
+    sets = _fitting_sets(cfg, 10, outs)
+    assert [len(s) for s in sets] == [3, 2] and sum(map(len, sets)) == len(outs)
+    assert [len(s) for s in _fitting_sets(cfg, 10, outs[:3])] == [3]      # fits at once: one job
+    big = np.array([5000], dtype=np.int64)
+    assert [len(s) for s in _fitting_sets(cfg, 10, big)] == [1]           # left whole: the engine refuses it

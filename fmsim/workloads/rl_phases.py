@@ -193,6 +193,30 @@ def critical_engines(shares: list[list[tuple[int, np.ndarray]]]) -> list[int]:
     return sorted({int(np.argmax(longest)), int(np.argmax(work))})
 
 
+def _fitting_sets(cfg: Any, prompt: int, outs: np.ndarray) -> list[np.ndarray]:
+    """The samples of one group as the engine's jobs: one job sharing the prompt's KV blocks (prefix
+    caching), cut into consecutive pieces where the whole group would not fit the KV cache at once.
+
+    vLLM schedules every sample as a request of its own (the group shares only its cached prompt
+    blocks), so a group larger than the cache runs in pieces rather than being refused; a single
+    sample that does not fit is still refused by the engine.
+    """
+    if not cfg.prefix_caching:
+        return [outs[i : i + 1] for i in range(len(outs))]
+    own = np.asarray(cfg.blocks(prompt % cfg.block_size + outs, prompt + outs), dtype=np.int64)
+    shared = cfg.shared_blocks(prompt)
+    if shared + int(own.sum()) <= cfg.total_blocks:
+        return [outs]
+    sets, start, used = [], 0, shared
+    for i, b in enumerate(own):
+        if used + int(b) > cfg.total_blocks and i > start:
+            sets.append(outs[start:i])
+            start, used = i, shared
+        used += int(b)
+    sets.append(outs[start:])
+    return sets
+
+
 def simulate_engine(
     gen: GenerationPool,
     groups: list[tuple[int, np.ndarray]],
@@ -207,7 +231,7 @@ def simulate_engine(
     jobs = []
     jid = 0
     for prompt, outs in groups:
-        sets = [outs] if gen.pool.cfg.prefix_caching else [outs[i : i + 1] for i in range(len(outs))]
+        sets = _fitting_sets(gen.pool.cfg, prompt, outs)
         for o in sets:
             jid += 1
             job = Job(jid=jid, arrival_s=0.0, prompt=prompt, out=o)
@@ -216,7 +240,7 @@ def simulate_engine(
     env.run()
     if any(j.rejected for j in jobs):
         raise InfeasibleError(
-            f"{file}: rl.generation: a group's prompt and responses do not fit one engine's KV "
+            f"{file}: rl.generation: a prompt and its longest response do not fit one engine's KV "
             f"cache ({gen.pool.kv_capacity_tokens:,} tokens); raise tp, memory_fraction or "
             "lower max_response_len"
         )
