@@ -234,3 +234,14 @@ def test_a_group_larger_than_the_kv_cache_runs_in_pieces_and_a_sample_that_canno
     assert [len(s) for s in _fitting_sets(cfg, 10, outs[:3])] == [3]      # fits at once: one job
     big = np.array([5000], dtype=np.int64)
     assert [len(s) for s in _fitting_sets(cfg, 10, big)] == [1]           # left whole: the engine refuses it
+
+
+def test_the_reference_pass_swaps_the_frozen_copy_in_over_the_host_link():
+    # NeMo RL's Megatron worker keeps the reference in host memory: policy out, reference in, policy back
+    sc = scenario(reference="policy")
+    with_ref = build_rl_plan(sc, estimate=True)
+    without = build_rl_plan(scenario(reference="none"), estimate=True)
+    weights = max(m.weights for m in with_ref.train_plan.memory)
+    link = sc.cluster.instance.accelerator.host_link_bytes_per_s
+    extra = with_ref.phases["logprob"] - 2 * without.phases["logprob"]
+    assert extra == pytest.approx(3 * weights / link, rel=1e-9) and extra > 0

@@ -91,7 +91,7 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
     logprob = policy_fwd  # the policy's log-probs before the update
     if spec.reference is not None:
         logprob += (
-            policy_fwd
+            policy_fwd + ph.reference_swap_s(sc, step_plan)
             if spec.reference is sc.workload.model
             else ph.forward_s(
                 ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw)

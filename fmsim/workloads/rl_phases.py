@@ -422,6 +422,16 @@ def update_s(plan: Plan, *, estimate: bool) -> float:
     return run_jobs(build_jobs(plan), link_capacities(plan), record=False).makespan_s
 
 
+def reference_swap_s(sc: Any, plan: Plan) -> float:
+    """The frozen reference copy of the policy waits in host memory and is swapped in for its pass: the
+    policy's weight shard copied to the host, the reference's loaded, the policy's loaded back -- three
+    copies of the busiest stage's weights over the host link (NeMo RL's Megatron worker,
+    ``use_reference_model`` in nemo_rl/models/policy/megatron_policy_worker.py @06beed91, keeps
+    ``reference_state_dict`` on the CPU). No host link in the catalog: no swap priced."""
+    link = sc.cluster.instance.accelerator.host_link_bytes_per_s
+    return 3.0 * max(m.weights for m in plan.memory) / link if link else 0.0
+
+
 def static_bytes(plan: Plan) -> float:
     """Weights, gradients and optimizer state per GPU (the busiest stage): what offloading moves."""
     return max(m.weights + m.gradients + m.optimizer for m in plan.memory)
