@@ -1,7 +1,7 @@
 """RL predictions against published measurements (scenarios/validation/rl).
 
 Issue 26's bar for NeMo RL v0.4 GRPO: step time median |error| <= 10 %, worst <= 25 %. Not met: on
-2026-12-01 the 7 step times are predicted 14-65 % short (median 34.8 %, worst 65.2 %; docs/rl.md
+2026-12-01 the 7 step times are predicted 14-65 % short (median 34.4 %, worst 65.2 %; docs/rl.md
 "Validation" says where the time goes). These tests guard today's level -- they fail if the set gets
 worse than it is plus a small margin -- and the target is a strict xfail until it is met.
 """
