@@ -214,12 +214,10 @@ def cmd_lint(args: argparse.Namespace) -> int:
 def _sections_ok(sc: Any, errors: list[str]) -> bool:
     """Validate the sections a kind's own simulator reads (``traffic``, ``serving``, ... of
     ``kind: inference``), which loading keeps raw; a problem becomes one error line."""
-    if sc.workload.kind != "inference":
-        return True
-    from .workloads.inference_spec import parse_inference_spec
+    from .api import check_sections
 
     try:
-        parse_inference_spec(sc.extra, file=sc.file)
+        check_sections(sc)
     except FmsimError as exc:
         errors.append(str(exc))
         return False

@@ -1,8 +1,8 @@
 """CSV and JSON export of results (the budgeting spreadsheet and the everything-dump).
 
 Owns the file formats: the CSV header is the union of the rows' ``Result.to_dict()`` keys in
-contract order (common columns, then training, then inference, then anything else in first-seen
-order), floats written at full precision (``repr``), booleans as ``true``/``false``, missing
+contract order (common columns, then training, then inference, then RL, then anything else in
+first-seen order), floats written at full precision (``repr``), booleans as ``true``/``false``, missing
 values empty. JSON is a list of ``Result.to_json()`` objects with non-finite floats as ``null``.
 A path of ``-`` writes to standard output.
 """
@@ -19,11 +19,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from .results import COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS, Result
+from .results import COMMON_COLUMNS, INFERENCE_COLUMNS, RL_COLUMNS, TRAINING_COLUMNS, Result
 
 __all__ = ["csv_cell", "csv_header", "csv_text", "json_value", "write_csv", "write_json"]
 
-_CONTRACT_ORDER = tuple(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS))
+_CONTRACT_ORDER = tuple(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS + RL_COLUMNS))
 
 
 def csv_header(rows: Iterable[Mapping[str, Any]]) -> list[str]:

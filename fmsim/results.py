@@ -33,10 +33,25 @@ INFERENCE_COLUMNS = (
     "usd_per_million_output_tokens", "usd_per_query",
 )
 
+#: kind: rl (docs/rl.md "Results"): the step, its phases and pools, NeMo RL's tokens/s/GPU, cost per step
+#: and per million trained tokens; the training plan's sizes and the columns shared with training keep
+#: their training names (2026-12-01)
+RL_COLUMNS = (
+    "tp", "pp", "dp", "cp", "ep", "step_time_s", "tokens_per_s", "tokens_per_s_per_gpu",
+    "memory_per_gpu_bytes", "hbm_per_gpu_bytes", "fits", "usd_per_step", "time_to_train_s", "gpu_hours",
+    "cost_usd", "bottleneck", "pricing_option",
+    "algorithm", "placement", "off_policy", "rollouts_per_step", "generated_sequences_per_step",
+    "optimizer_steps", "generation_gpus", "training_gpus", "generation_tp",
+    "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s", "transition_s",
+    "generated_tokens_per_s", "trained_tokens_per_step", "generation_utilization", "training_utilization",
+    "usd_per_million_trained_tokens", "rl_steps",
+)
+
 COLUMNS_BY_KIND = {
     "pretrain": TRAINING_COLUMNS,
     "finetune": TRAINING_COLUMNS,
     "inference": INFERENCE_COLUMNS,
+    "rl": RL_COLUMNS,
 }
 
 

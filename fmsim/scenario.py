@@ -1292,20 +1292,22 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         )
     mp = tp * pp * cp
     raw_dp = ps.raw("dp", "auto")
+    # kind: rl trains on a pool of the cluster (rl.placement); its workload checks dp and ep there
+    pool = workload.kind == "rl"
     if raw_dp == "auto":
-        if gpus % mp:
+        if gpus % mp and not pool:
             raise ps.err(
                 "dp",
                 f"auto: {gpus} GPUs are not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {mp} "
                 f"(expected a GPU count that is a multiple of {mp})",
                 PE,
             )
-        dp = gpus // mp
+        dp = max(1, gpus // mp)
     else:
         if isinstance(raw_dp, str):
             raise ps.err("dp", f"{raw_dp!r} is not valid (expected auto or an integer >= 1)")
         dp = ps.integer("dp", hint="auto or an integer")
-        if mp * dp != gpus:
+        if mp * dp != gpus and not pool:
             raise ps.err(
                 "dp",
                 f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {mp * dp} does not equal the {gpus} GPUs "
@@ -1325,7 +1327,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 f"(expected a divisor of {model.moe.experts})",
                 PE,
             )
-        if (tp * dp * cp) % ep:
+        if (tp * dp * cp) % ep and not pool:
             raise ps.err(
                 "ep",
                 f"{ep} does not divide the tp*cp*dp = {tp}*{cp}*{dp} = {tp * dp * cp} ranks of a "

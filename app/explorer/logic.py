@@ -881,3 +881,30 @@ def fmt_tokens(x: float | None) -> str:
         if abs(x) >= scale:
             return f"{x / scale:g}{p}"
     return f"{x:g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# RL post-training (kind: rl; the RL page, app/pages/5_RL.py)
+
+RL_KINDS = ("rl",)
+
+
+def run_rl(
+    text: str, file: str, overrides: Sequence[tuple[str, Any]] = (), *, engine: str = "des"
+) -> Outcome:
+    """Run an RL what-if with the DES (``fmsim.simulate``) or the estimate; the timeline is the step's
+    phases per GPU pool (``Result.details["timeline"]``). Never raises."""
+    yaml_text = ""
+    try:
+        sc = whatif_scenario(text, file, _unfreeze(overrides))
+        yaml_text = scenario_yaml(sc)
+        if sc.workload.kind not in RL_KINDS:
+            return _wrong_kind(file, sc.workload.kind, "RL", "Training or Serving", yaml_text)
+        res = fmsim.simulate(sc) if engine == "des" else fmsim.estimate(sc)
+        rows = tuple(
+            (str(p), float(a), float(b), str(c), str(lab)) for p, a, b, c, lab in res.details.get("timeline", ())
+        )
+        return Outcome(result=res, estimate=None if engine == "des" else res,
+                       engine="des" if engine == "des" else "analytical", yaml_text=yaml_text, timeline=rows)
+    except Exception as exc:  # noqa: BLE001 - a page never shows a traceback
+        return failure(exc, yaml_text=yaml_text)
