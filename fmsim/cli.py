@@ -408,8 +408,12 @@ def app_entry() -> Path:
     return entry
 
 
-def app_command(port: int, address: str | None = None) -> list[str]:
-    """``streamlit run`` of the explorer, headless (no browser opened, no usage statistics sent)."""
+APP_ADDRESS = "127.0.0.1"
+
+
+def app_command(port: int, address: str | None = APP_ADDRESS) -> list[str]:
+    """``streamlit run`` of the explorer, headless (no browser opened, no usage statistics sent),
+    listening on this machine only unless ``address`` says otherwise (``0.0.0.0``: every interface)."""
     import importlib.util
 
     if importlib.util.find_spec("streamlit") is None:
@@ -422,8 +426,7 @@ def app_command(port: int, address: str | None = None) -> list[str]:
            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
            # uploads are scenario files: the scenario reader refuses more than 1 MiB anyway
            "--server.maxUploadSize", "1"]
-    if address:
-        cmd += ["--server.address", address]
+    cmd += ["--server.address", address or APP_ADDRESS]
     return cmd
 
 
@@ -747,8 +750,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8501, help="TCP port to serve on (default 8501)")
     p.add_argument(
         "--address",
-        default=None,
-        help="address to listen on (default: streamlit's, all interfaces; 127.0.0.1: this machine only)",
+        default=APP_ADDRESS,
+        help=f"address to listen on (default {APP_ADDRESS}: this machine only; 0.0.0.0: every interface)",
     )
     p.set_defaults(_handler=cmd_app)
 
