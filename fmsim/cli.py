@@ -180,12 +180,28 @@ def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], An
     return lambda sc: fn(sc, trace_path=trace_path)
 
 
+#: longest file name part a scenario name becomes (file systems allow 255 bytes; room for the rest)
+MAX_NAME_IN_FILE = 80
+
+
+def safe_file_part(name: str, limit: int = MAX_NAME_IN_FILE) -> str:
+    """``name`` as part of a file name: characters other than letters, digits and ``-_.`` become
+    ``_``, and a name longer than ``limit`` is cut, with a short hash of the whole name kept so that
+    two long names sharing a start still give two files."""
+    safe = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-_." else "_" for ch in name)
+    if len(safe) <= limit:
+        return safe
+    import hashlib
+
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:limit - 9]}-{digest}"
+
+
 def _trace_path(base: str | None, sc: Any, many: bool) -> str | None:
     if base is None or not many:
         return base
     p = Path(base)
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in sc.name)
-    return str(p.with_name(f"{p.stem}-{safe}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}-{safe_file_part(sc.name)}{p.suffix}"))
 
 
 def _write(kind: str, path: str, write: Callable[[], None]) -> None:
@@ -193,6 +209,31 @@ def _write(kind: str, path: str, write: Callable[[], None]) -> None:
         write()
     except OSError as exc:
         raise ConfigError(f"cannot write the {kind}: {exc.strerror or exc}", file=path) from None
+
+
+def check_writable(kind: str, path: str | None) -> None:
+    """Refuse an output path that cannot be written -- a missing folder, a directory, a read-only
+    file -- before any simulation runs, as one :class:`ConfigError` line (``-`` is stdout)."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"cannot write the {kind}: is a directory (expected a file path)", file=path)
+    parent = p.parent
+    if not parent.is_dir():
+        what = "is a file, not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"cannot write the {kind}: the folder {parent} {what}", file=path)
+    existed = p.exists()
+    try:
+        with open(p, "a"):       # opened to append: an existing file keeps its bytes
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write the {kind}: {exc.strerror or exc}", file=path) from None
+    if not existed:
+        try:
+            p.unlink()
+        except OSError:          # pragma: no cover - we just created it
+            pass
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,17 +307,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     if n_files == 0 and not errors:
         _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml)")
         return EXIT_USAGE
+    many = len(scenarios) > 1
+    check_writable("CSV", args.csv)
+    check_writable("JSON", args.json)
+    for sc in scenarios:
+        check_writable("trace", _trace_path(args.trace, sc, many))
     results = []
     failed = bool(errors)
-    many = len(scenarios) > 1
     for sc in scenarios:
-        run = _runner(args.estimate, _trace_path(args.trace, sc, many))
+        trace = _trace_path(args.trace, sc, many)
+        run = _runner(args.estimate, trace)
         try:
             res = run(sc)
         except FmsimError as exc:
             from .validate import error_line
 
             _say_error(error_line(sc, exc))
+            failed = True
+            continue
+        except OSError as exc:
+            if trace is None:
+                raise
+            _say_error(f"{trace}: cannot write the trace: {exc.strerror or exc}")
             failed = True
             continue
         results.append(res)
@@ -344,6 +396,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import summarize, validate_scenarios
 
+    check_writable("CSV", args.csv)
     scenarios, errors, _n_files = _load_all(args)
     for line in errors:
         _say_error(line)

@@ -639,7 +639,11 @@ def _check_expansion(root: Any) -> None:
 
 def load_yaml_text(text: str, *, file: str | None = None) -> Any:
     """Parse one YAML document strictly; errors are :class:`ConfigError` naming the line."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)    # the reader checks the characters here (NUL and the like)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"invalid YAML: {first}", file=file) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -687,11 +691,17 @@ def _read_text(path: Path, file: str) -> str:
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(f"file is over the {MAX_FILE_BYTES:,}-byte limit for scenario files", file=file)
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=file
         ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        column = nul - (text.rfind("\n", 0, nul) + 1) + 1
+        raise ConfigError(f"line {line}, column {column}: a NUL byte (expected a YAML text file)", file=file)
+    return text
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,3 +40,88 @@ def test_app_binds_to_localhost_by_default(monkeypatch):
 def test_app_address_option_overrides_the_default(monkeypatch):
     opts = _app_argv(monkeypatch, "--address", "0.0.0.0", "--port", "8700")
     assert opts["--server.address"] == "0.0.0.0" and opts["--server.port"] == "8700"
+
+
+# -- 13: no traceback for hostile output paths, NUL bytes, over-long names ----------------------
+
+
+class _TraceSim:
+    """fmsim.simulate stand-in that writes its trace as the real one does (a file at trace_path)."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+
+    def __call__(self, sc, trace_path=None, **kw):
+        from fmsim.results import Result
+
+        if trace_path is not None:
+            Path(trace_path).write_text("{}")
+            self.paths.append(trace_path)
+        return Result(scenario=sc.name, kind=sc.workload.kind, instance=sc.cluster.instance.name,
+                      nodes=sc.cluster.nodes, gpus=sc.cluster.gpus, usd_per_hour=1.0, price_date="",
+                      metrics={"step_time_s": 1.0, "fits": True})
+
+
+@pytest.fixture
+def trace_sim(monkeypatch):
+    import fmsim
+
+    sim = _TraceSim()
+    monkeypatch.setattr(fmsim, "simulate", sim, raising=False)
+    return sim
+
+
+@pytest.mark.parametrize("where", ["missing-folder", "directory", "file-as-folder"])
+def test_trace_into_a_bad_path_is_one_line_exit_2(capsys, tmp_path, trace_sim, where):
+    (tmp_path / "plain").write_text("x")
+    path = {"missing-folder": tmp_path / "nope" / "t.json", "directory": tmp_path,
+            "file-as-folder": tmp_path / "plain" / "t.json"}[where]
+    code, out, err = run_cli(capsys, "run", LLAMA, "--trace", path)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"{path}: cannot write the trace: ")
+    assert trace_sim.paths == []          # refused before any simulation ran
+
+
+@pytest.mark.skipif(not Path("/proc/version").is_file(), reason="needs a read-only file (Linux /proc)")
+def test_trace_onto_a_read_only_file_is_one_line_exit_2(capsys, trace_sim):
+    code, _, err = run_cli(capsys, "run", LLAMA, "--trace", "/proc/version")
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("/proc/version: cannot write the trace")
+
+
+def test_csv_and_json_into_a_missing_folder_fail_before_simulating(capsys, tmp_path, trace_sim):
+    for opt in ("--csv", "--json"):
+        code, _, err = run_cli(capsys, "run", LLAMA, opt, tmp_path / "nope" / "x")
+        assert code == 2 and len(err.splitlines()) == 1 and "does not exist" in err
+    code, _, err = run_cli(capsys, "validate", LLAMA, "--csv", tmp_path / "nope" / "x")
+    assert code == 2 and len(err.splitlines()) == 1
+
+
+def test_a_file_holding_nul_bytes_is_one_located_line_from_lint_and_run(capsys, tmp_path):
+    bad = tmp_path / "nul.yaml"
+    bad.write_bytes(b"version: 1\nname: x\x00y\n")
+    for command in ("lint", "run"):
+        code, _, err = run_cli(capsys, command, bad)
+        assert code == 2 and err.splitlines() == [f"{bad}: line 2, column 8: a NUL byte (expected a YAML text file)"]
+
+
+def test_yaml_text_with_a_control_character_is_a_config_error():
+    from fmsim.errors import ConfigError
+    from fmsim.scenario import load_yaml_text
+
+    with pytest.raises(ConfigError, match="invalid YAML: unacceptable character"):
+        load_yaml_text("a: b\x07", file="x.yaml")
+
+
+def test_over_long_scenario_names_are_shortened_in_trace_file_names(capsys, tmp_path, trace_sim):
+    text = LLAMA.read_text()
+    names = ["a" * 300 + "-one", "a" * 300 + "-two"]
+    files = []
+    for i, name in enumerate(names):
+        f = tmp_path / f"s{i}.yaml"
+        f.write_text(text.replace("name: ", f"name: {name}\n# was: ", 1))
+        files.append(f)
+    code, _, err = run_cli(capsys, "run", *files, "--trace", tmp_path / "t.json")
+    assert code == 0, err
+    written = [Path(p).name for p in trace_sim.paths]
+    assert len(set(written)) == 2 and all(len(n) <= 100 for n in written)
+    assert all((tmp_path / n).is_file() for n in written)
