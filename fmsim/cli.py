@@ -7,7 +7,9 @@ imported when a command needs it. Sub-commands of other modules (``collective``,
 ``plan-capacity``) are registered when those modules import.
 
 Exit codes: 0 success; 1 ``check`` found a prediction outside its band; 2 bad input (a file, an
-option, an infeasible plan, a kind whose simulator is not built); 130 interrupted.
+option, a path with no scenario file, a plan that cannot be built, a kind whose simulator is not
+built); 3 ``run`` simulated a plan that does not fit in memory or misses its SLO (its row is still
+written); 130 interrupted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .units import format_quantity
 
 __all__ = ["build_parser", "expand_paths", "format_column", "main"]
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 3
 CATALOG_TABLES = ("instances", "accelerators", "models", "storage", "prices", "fabrics")
 # Modules of other engineers that add sub-commands: add_parser(subparsers) and run(args) -> int.
 PLUGIN_MODULES = ("fmsim.cli_collective", "fmsim.cli_plan")
@@ -245,11 +247,30 @@ def cmd_lint(args: argparse.Namespace) -> int:
     scenarios = [sc for sc in scenarios if _sections_ok(sc, errors)]
     for line in errors:
         _say_error(line)
-    if n_files == 0 and not errors:
-        print("no scenario files found")
-        return EXIT_OK
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     print(f"{len(scenarios)} of {n_files} scenario file{'s' if n_files != 1 else ''} OK")
     return EXIT_USAGE if errors else EXIT_OK
+
+
+def _no_files(args: argparse.Namespace, n_files: int, errors: list[str]) -> bool:
+    """True (and one line said) when the paths held no scenario file: a CI job given a mistyped
+    or emptied folder must fail, not pass having checked nothing."""
+    if n_files or errors:
+        return False
+    _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml files)")
+    return True
+
+
+def _infeasible(sc: Any, res: Any) -> str | None:
+    """Why a simulated plan cannot be used as it stands (does not fit, misses its SLO), or None."""
+    if res.get("fits") is False:
+        details = res.details if isinstance(res.details, Mapping) else {}
+        why = details.get("memory_error") or "the plan does not fit in memory"
+        return f"{sc.file or sc.name}: does not fit: {why}"
+    if res.get("slo_met") is False:
+        return f"{sc.file or sc.name}: misses its SLO (slo_met false: see the latency figures)"
+    return None
 
 
 def _sections_ok(sc: Any, errors: list[str]) -> bool:
@@ -304,8 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
-    if n_files == 0 and not errors:
-        _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml)")
+    if _no_files(args, n_files, errors):
         return EXIT_USAGE
     many = len(scenarios) > 1
     check_writable("CSV", args.csv)
@@ -314,6 +334,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_writable("trace", _trace_path(args.trace, sc, many))
     results = []
     failed = bool(errors)
+    infeasible = False
     for sc in scenarios:
         trace = _trace_path(args.trace, sc, many)
         run = _runner(args.estimate, trace)
@@ -333,13 +354,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             continue
         results.append(res)
         _print_result(sc, res)
+        why = _infeasible(sc, res)
+        if why:
+            _say_error(why)
+            infeasible = True
     from .export import write_csv, write_json
 
     if args.csv:
         _write("CSV", args.csv, lambda: write_csv(results, args.csv))
     if args.json:
         _write("JSON", args.json, lambda: write_json(results, args.json))
-    return EXIT_USAGE if failed else EXIT_OK
+    if failed:
+        return EXIT_USAGE
+    return EXIT_INFEASIBLE if infeasible else EXIT_OK
 
 
 def _s(n: int) -> str:
@@ -356,9 +383,11 @@ def _band_text(col: str, e: Any) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from .validate import check_scenarios
 
-    scenarios, errors, _n_files = _load_all(args)
+    scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     with_expect = [sc for sc in scenarios if sc.expect]
     skipped = len(scenarios) - len(with_expect)
     rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs) if with_expect else []
@@ -397,9 +426,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .validate import summarize, validate_scenarios
 
     check_writable("CSV", args.csv)
-    scenarios, errors, _n_files = _load_all(args)
+    scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     with_measured = [sc for sc in scenarios if sc.measured]
     rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs) if with_measured else []
     table = []

@@ -125,3 +125,44 @@ def test_over_long_scenario_names_are_shortened_in_trace_file_names(capsys, tmp_
     written = [Path(p).name for p in trace_sim.paths]
     assert len(set(written)) == 2 and all(len(n) <= 100 for n in written)
     assert all((tmp_path / n).is_file() for n in written)
+
+
+# -- 14: exit codes a CI job can rely on -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "validate", "lint", "run"])
+def test_a_folder_with_no_scenario_is_exit_2(capsys, tmp_path, command):
+    (tmp_path / "notes.txt").write_text("not a scenario")
+    code, out, err = run_cli(capsys, command, tmp_path)
+    assert code == 2 and err.splitlines() == [f"{tmp_path}: no scenario files found (expected *.yaml files)"]
+
+
+def test_run_of_a_plan_that_does_not_fit_exits_3_and_keeps_its_csv_row(capsys, tmp_path):
+    out_csv = tmp_path / "o.csv"
+    code, out, err = run_cli(capsys, "run", LLAMA, "--estimate", "--set", "parallelism.tp=1",
+                             "--set", "parallelism.pp=1", "--csv", out_csv)
+    assert code == 3, err
+    assert len(err.splitlines()) == 1 and err.startswith(f"{LLAMA}: does not fit: ")
+    import csv
+
+    (row,) = csv.DictReader(out_csv.open())
+    assert row["fits"] == "false" and float(row["step_time_s"]) > 0
+
+
+def test_run_of_a_serving_plan_missing_its_slo_exits_3(capsys, tmp_path):
+    path = ROOT / "scenarios" / "examples" / "serving-llama3.1-8b-g6e.yaml"
+    code, _, err = run_cli(capsys, "run", path, "--estimate", "--set", "slo.ttft_p99=1 ms")
+    assert code == 3 and err.splitlines() == [f"{path}: misses its SLO (slo_met false: see the latency figures)"]
+    assert run_cli(capsys, "run", path, "--estimate")[0] == 0
+
+
+def test_bad_input_outranks_an_infeasible_plan(capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\n")
+    code, _, _ = run_cli(capsys, "run", LLAMA, bad, "--estimate", "--set", "parallelism.tp=1",
+                         "--set", "parallelism.pp=1")
+    assert code == 2
+
+
+def test_the_quick_start_example_runs_with_exit_0(capsys):
+    assert run_cli(capsys, "run", ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml", "--estimate")[0] == 0
