@@ -273,6 +273,14 @@ def _infeasible(sc: Any, res: Any) -> str | None:
     return None
 
 
+def _report_to_stderr_if(machine_stdout: bool) -> Any:
+    """While the human report prints: stdout as it is, or -- when ``--csv -`` / ``--json -`` put the
+    machine-readable output there -- stderr, so that stdout holds that output alone."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr) if machine_stdout else contextlib.nullcontext()
+
+
 def _sections_ok(sc: Any, errors: list[str]) -> bool:
     """Validate the sections a kind's own simulator reads (``traffic``, ``serving``, ... of
     ``kind: inference``), which loading keeps raw; a problem becomes one error line."""
@@ -327,6 +335,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say_error(line)
     if _no_files(args, n_files, errors):
         return EXIT_USAGE
+    if args.csv == "-" and args.json == "-":
+        raise ConfigError("--csv - and --json - would share stdout (expected one of them on stdout, "
+                          "the other to a file)", file="--json")
     many = len(scenarios) > 1
     check_writable("CSV", args.csv)
     check_writable("JSON", args.json)
@@ -353,7 +364,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             failed = True
             continue
         results.append(res)
-        _print_result(sc, res)
+        with _report_to_stderr_if(args.csv == "-" or args.json == "-"):
+            _print_result(sc, res)
         why = _infeasible(sc, res)
         if why:
             _say_error(why)
@@ -423,7 +435,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import summarize, validate_scenarios
+    from .validate import validate_scenarios
 
     check_writable("CSV", args.csv)
     scenarios, errors, n_files = _load_all(args)
@@ -433,6 +445,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with_measured = [sc for sc in scenarios if sc.measured]
     rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs) if with_measured else []
+    with _report_to_stderr_if(args.csv == "-"):
+        _print_validation(rows, scenarios, with_measured, errors)
+    if args.csv:
+        from .export import write_rows_csv
+
+        _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def _print_validation(rows: Sequence[Any], scenarios: Sequence[Any], with_measured: Sequence[Any],
+                      errors: Sequence[str]) -> None:
+    from .validate import summarize
+
     table = []
     for r in rows:
         if r.key == "-":
@@ -468,11 +493,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{s.errors} scenario{'s' if s.errors != 1 else ''} raised an error; {skipped} without measured: "
         "skipped" + (f"; {len(errors)} file{'s' if len(errors) != 1 else ''} not loaded" if errors else "")
     )
-    if args.csv:
-        from .export import write_rows_csv
-
-        _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
-    return EXIT_USAGE if errors else EXIT_OK
 
 
 APP_ENTRY = "Home.py"

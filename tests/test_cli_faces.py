@@ -166,3 +166,47 @@ def test_bad_input_outranks_an_infeasible_plan(capsys, tmp_path):
 
 def test_the_quick_start_example_runs_with_exit_0(capsys):
     assert run_cli(capsys, "run", ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml", "--estimate")[0] == 0
+
+
+# -- 15: with --csv - or --json -, stdout holds only that output ---------------------------------
+
+
+def test_run_csv_to_stdout_holds_only_the_csv(capsys):
+    import csv
+    import io
+
+    code, out, err = run_cli(capsys, "run", LLAMA, "--estimate", "--csv", "-")
+    assert code == 0
+    rows = list(csv.reader(io.StringIO(out)))
+    assert len(rows) == 2 and rows[0][0] == "scenario" and rows[1][0] == "llama3-70b-pretrain-p5"
+    assert "== llama3-70b-pretrain-p5" in err and "breakdown" in err       # the report went to stderr
+
+
+def test_run_json_to_stdout_holds_only_the_json(capsys):
+    import json
+
+    code, out, err = run_cli(capsys, "run", LLAMA, "--estimate", "--json", "-")
+    assert code == 0
+    (doc,) = json.loads(out)
+    assert doc["scenario"] == "llama3-70b-pretrain-p5" and "== llama3-70b-pretrain-p5" in err
+
+
+def test_run_to_files_keeps_the_report_on_stdout(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "run", LLAMA, "--estimate", "--csv", tmp_path / "o.csv")
+    assert code == 0 and "== llama3-70b-pretrain-p5" in out and err == ""
+
+
+def test_csv_and_json_both_on_stdout_is_refused(capsys):
+    code, out, err = run_cli(capsys, "run", LLAMA, "--estimate", "--csv", "-", "--json", "-")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+
+
+def test_validate_csv_to_stdout_holds_only_the_csv(capsys):
+    import csv
+    import io
+
+    path = ROOT / "scenarios" / "validation" / "training" / "mb2511-gb200-02.yaml"
+    code, out, err = run_cli(capsys, "validate", path, "--estimate", "--csv", "-", "-j", "1")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert rows and all(r["scenario"] for r in rows) and "median |error|" in err
