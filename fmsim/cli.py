@@ -164,6 +164,17 @@ def _jobs(text: str) -> int:
 def _add_jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", "-j", type=_jobs, default=os.cpu_count() or 1, metavar="N",
                    help="scenarios run in N worker processes (default: the machine's cores); same numbers")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: only when stderr is a terminal)")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    if args.progress is not None:
+        return bool(args.progress)
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], Any]:
@@ -402,7 +413,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with_expect = [sc for sc in scenarios if sc.expect]
     skipped = len(scenarios) - len(with_expect)
-    rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs) if with_expect else []
+    rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs,
+                                                 progress=_progress(args)) if with_expect else []
     table = []
     for r in rows:
         if r.expect is None:
@@ -444,7 +456,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if _no_files(args, n_files, errors):
         return EXIT_USAGE
     with_measured = [sc for sc in scenarios if sc.measured]
-    rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs) if with_measured else []
+    rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs,
+                                                          progress=_progress(args)) if with_measured else []
     with _report_to_stderr_if(args.csv == "-"):
         _print_validation(rows, scenarios, with_measured, errors)
     if args.csv:
@@ -874,6 +887,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    previous = _stop_on_sigterm()
     try:
         return int(handler(args) or 0)
     except FmsimError as exc:
@@ -887,6 +901,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return EXIT_OK
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM (``kill``, a CI job's timeout) unwinds like Ctrl-C, so that worker processes are
+    stopped too (fmsim.validate.run_all); returns the handler it replaced (None off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -210,3 +210,82 @@ def test_validate_csv_to_stdout_holds_only_the_csv(capsys):
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert rows and all(r["scenario"] for r in rows) and "median |error|" in err
+
+
+# -- 16: progress on stderr when asked; SIGTERM stops the worker processes too -------------------
+
+_SLOW_VALIDATE = """
+import os, sys, time
+import fmsim, fmsim.cli
+
+def slow(sc, **kw):          # a scenario that takes long: the workers are busy when SIGTERM comes
+    open(os.path.join(os.environ["MARKS"], str(os.getpid())), "w").close()
+    time.sleep(120)
+
+fmsim.simulate = slow
+sys.exit(fmsim.cli.main(["validate", *sys.argv[1:], "-j", "2"]))
+"""
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return set()
+    return {int(x) for x in text.split()}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    state = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("State:")), "X")
+    return state not in ("Z", "X")          # a zombie has stopped; only its parent's reaping is left
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads child processes from Linux /proc")
+def test_sigterm_stops_the_worker_processes_of_validate(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    paths = [ROOT / "scenarios" / "validation" / "training" / "mb2511-gb200-02.yaml",
+             ROOT / "scenarios" / "validation" / "inference" / sorted(
+                 p.name for p in (ROOT / "scenarios" / "validation" / "inference").glob("*.yaml"))[0]]
+    # -c: this checkout's fmsim comes first on sys.path (cwd), as in the other subprocess tests
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    import os
+
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_VALIDATE, *map(str, paths)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "MARKS": str(marks)})
+    try:
+        workers: set[int] = set()
+        for _ in range(600):                    # until both workers run a scenario (at most a minute)
+            workers = _children(proc.pid)
+            if len(list(marks.iterdir())) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(workers) >= 2 and {int(p.name) for p in marks.iterdir()} <= workers, workers
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        for _ in range(100):
+            if not any(_alive(w) for w in workers):
+                break
+            time.sleep(0.1)
+        assert not any(_alive(w) for w in workers)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_progress_bar_goes_to_stderr_only_when_asked(capsys):
+    examples = [ROOT / "scenarios" / "examples" / n for n in ("llama3-70b-p5.yaml", "gpt3-175b-p4d.yaml")]
+    code, out, err = run_cli(capsys, "check", *examples, "--estimate", "-j", "1", "--progress")
+    assert "2/2" in err and "scenario" in err and "2/2" not in out       # tqdm's bar, on stderr
+    code2, out2, err2 = run_cli(capsys, "check", *examples, "--estimate", "-j", "1")
+    assert (code2, out2) == (code, out) and err2 == ""     # stderr is no terminal here: no bar
