@@ -716,7 +716,12 @@ def parse_set_option(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not _PATH.match(key):
         raise ConfigError(f"{text!r} is not key.path=value (expected e.g. parallelism.tp=4)", file="--set")
-    parsed = load_yaml_text(value, file=f"--set {key}") if value.strip() else None
+    if not value.strip():
+        # an empty value would read as null, which a section takes as "not given": the field would
+        # silently keep its default
+        raise ConfigError(f"{text!r} has no value (expected {key}=VALUE; write {key}=null to drop the "
+                          f"field, or {key}=\"\" for an empty string)", file="--set", field=key)
+    parsed = load_yaml_text(value, file=f"--set {key}")
     return key, parsed
 
 
@@ -935,7 +940,13 @@ def _model(wl: _Section, catalog: Catalog) -> ModelSpec:
         except ConfigError as exc:
             raise _relocate(exc, wl.file, wl.path("model")) from None
     if isinstance(raw, Mapping):
-        return model_from_mapping(raw, file=wl.file, where=wl.path("model"))
+        model = model_from_mapping(raw, file=wl.file, where=wl.path("model"))
+        if raw.get("head_dim") is None and model.mla is None and model.hidden % model.heads:
+            # the default head_dim, hidden / heads, would be rounded down without a word
+            raise ConfigError(f"hidden {model.hidden} is not divisible by the {model.heads} heads, so hidden / "
+                              "heads is no whole head_dim (expected head_dim given, or heads dividing hidden)",
+                              file=wl.file, field=wl.path("model.head_dim"))
+        return model
     raise wl.err(
         "model", f"got {_what(raw)} (expected a model_catalog name or an inline architecture mapping)"
     )
@@ -1342,6 +1353,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 file=wl_sec.file,
                 field=wl_sec.path("global_batch"),
             )
+        _check_plan_shape(ps, wl_sec, workload, tp=tp, pp=pp, cp=cp, dp=dp, schedule=schedule)
     ov = ps.section("overlap", OVERLAP_KEYS)
     p2p_overlap = default_pp_comm(schedule)
     overlap = (
@@ -1454,6 +1466,30 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         overlap=overlap,
         order=order,
     )
+
+
+def _check_plan_shape(ps: _Section, wl_sec: _Section, workload: Workload, *, tp: int, pp: int, cp: int, dp: int,
+                      schedule: str) -> None:
+    """What the training plan build would refuse, refused at load so that ``lint`` and ``run`` agree:
+    the interleaved schedule's groups of pp micro-batches, and a sequence split over the TP ranks."""
+    m = workload.global_batch // (dp * workload.micro_batch)
+    if schedule == "interleaved" and m % pp:
+        # Megatron-Core runs interleaved micro-batches in groups of pp (microbatch_group_size_per_vp_stage)
+        # and refuses a last group shorter than pp; PyTorch's ScheduleInterleaved1F1B needs the same
+        raise ParallelismError(
+            f"the interleaved schedule needs the micro-batches per step, {m} = global_batch / "
+            f"(dp·micro_batch), to be a multiple of pp = {pp} (they run in groups of pp); "
+            f"make global_batch a multiple of {dp * workload.micro_batch * pp}, or use schedule 1f1b",
+            file=wl_sec.file, field=wl_sec.path("global_batch"))
+    if ps.boolean("sequence_parallel", False) and tp > 1 and (workload.seq_len // cp) % tp:
+        # sequence parallelism splits each rank's tokens (seq_len / cp) over the TP ranks; Megatron-Core's
+        # tensor_parallel.mappings asserts "First dimension of the tensor should be divisible by tensor
+        # parallel size"
+        raise ParallelismError(
+            f"seq_len {workload.seq_len} over cp {cp} leaves {workload.seq_len // cp} tokens per rank, which "
+            f"sequence parallelism cannot split over tp = {tp} ranks (expected seq_len a multiple of "
+            f"cp*tp = {cp * tp}, or sequence_parallel: false)",
+            file=wl_sec.file, field=wl_sec.path("seq_len"))
 
 
 def _cp_comm(ps: _Section, model: Any, *, tp: int, cp: int) -> str:

@@ -289,3 +289,35 @@ def test_progress_bar_goes_to_stderr_only_when_asked(capsys):
     assert "2/2" in err and "scenario" in err and "2/2" not in out       # tqdm's bar, on stderr
     code2, out2, err2 = run_cli(capsys, "check", *examples, "--estimate", "-j", "1")
     assert (code2, out2) == (code, out) and err2 == ""     # stderr is no terminal here: no bar
+
+
+# -- 17: lint catches what run rejects ------------------------------------------------------------
+
+_RUN_REJECTS = ["interleaved_microbatches_not_multiple_of_pp", "sequence_parallel_seq_len_not_divisible_by_tp",
+                "inline_model_head_dim_not_whole"]
+
+
+@pytest.mark.parametrize("stem", _RUN_REJECTS)
+def test_lint_and_run_give_the_same_one_located_line(capsys, stem):
+    path = Path(__file__).parent / "malformed" / f"{stem}.yaml"
+    field = path.read_text().splitlines()[0].split(":", 1)[1].strip()
+    lint = run_cli(capsys, "lint", path)
+    run = run_cli(capsys, "run", path, "--estimate")
+    assert lint[0] == run[0] == 2
+    assert len(run[2].splitlines()) == 1 and run[2].startswith(f"{path}: {field}: ")
+    assert lint[2] == run[2]
+
+
+def test_set_with_an_empty_value_is_refused_by_lint_and_run(capsys):
+    for command in ("lint", "run"):
+        code, _, err = run_cli(capsys, command, LLAMA, "--set", "parallelism.tp=")
+        assert code == 2 and err.splitlines() == [
+            "--set: parallelism.tp: 'parallelism.tp=' has no value (expected parallelism.tp=VALUE; write "
+            "parallelism.tp=null to drop the field, or parallelism.tp=\"\" for an empty string)"]
+
+
+def test_an_inline_model_with_an_explicit_head_dim_may_have_any_hidden(capsys, tmp_path):
+    text = (Path(__file__).parent / "malformed" / "inline_model_head_dim_not_whole.yaml").read_text()
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(text.replace("    heads: 3\n", "    heads: 3\n    head_dim: 128\n"))
+    assert run_cli(capsys, "lint", ok)[0] == 0
