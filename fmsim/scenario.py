@@ -44,6 +44,9 @@ __all__ = [
     "KINDS",
     "MAX_ALIASES",
     "MAX_FILE_BYTES",
+    "MAX_GPUS",
+    "MAX_SEQ_LEN",
+    "MAX_TOKENS_PER_STEP",
     "PRECISIONS",
     "RECOMPUTE",
     "RECOMPUTE_MODULES",
@@ -194,6 +197,13 @@ MAX_FILE_BYTES = 1 << 20  # 1 MiB
 MAX_ALIASES = 100  # YAML aliases (*name) per file
 MAX_EXPANDED_NODES = 200_000  # nodes after expanding aliases (billion-laughs guard)
 MAX_DEPTH = 64  # nesting of mappings/sequences
+# Sizes no run could need, refused at load so that memory and time stay bounded whatever the input.
+# The largest published pre-training steps hold tens of millions of tokens (Llama 3 405B: 16M, Meta
+# 2024 Table 4) and the longest trained contexts ten million (Llama 4 Scout, 2025); the largest
+# clusters a few hundred thousand accelerators. Each bound is orders of magnitude past those.
+MAX_TOKENS_PER_STEP = 10**12   # seq_len x global_batch
+MAX_SEQ_LEN = 10**8            # tokens per sequence
+MAX_GPUS = 2**24               # accelerators in one cluster
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1000,6 +1010,14 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
             counts=True,
             hint="sequences per optimizer step, or global_batch_tokens",
         )
+    if seq_len > MAX_SEQ_LEN:
+        raise wl.err("seq_len", f"{seq_len:,} tokens per sequence is past the {MAX_SEQ_LEN:,} any run could need "
+                     "(expected a context length such as 8192)")
+    if seq_len * global_batch > MAX_TOKENS_PER_STEP:
+        key = "global_batch_tokens" if wl.has("global_batch_tokens") else "global_batch"
+        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past the "
+                     f"{MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 sequences or 16M "
+                     "tokens)")
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
     fp8_attention = wl.boolean("fp8_attention", False)
@@ -1154,6 +1172,10 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
             )
         nodes = gpus // per_node
     assert nodes is not None
+    if nodes * per_node > MAX_GPUS:
+        key = "gpus" if has_gpus else "nodes"
+        raise cl.err(key, f"{nodes * per_node:,} accelerators is past the {MAX_GPUS:,} any cluster could hold "
+                     f"(expected a cluster size such as {16 * per_node})")
     unit = inst.nodes_per_unit
     if inst.provider == "aws" and unit > 1 and nodes % unit:
         key = "gpus" if has_gpus else "nodes"

@@ -321,3 +321,72 @@ def test_an_inline_model_with_an_explicit_head_dim_may_have_any_hidden(capsys, t
     ok = tmp_path / "ok.yaml"
     ok.write_text(text.replace("    heads: 3\n", "    heads: 3\n    head_dim: 128\n"))
     assert run_cli(capsys, "lint", ok)[0] == 0
+
+
+# -- 12: huge inputs are bounded -------------------------------------------------------------------
+
+EXAMPLE = ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml"
+
+
+@pytest.mark.parametrize("override, field", [
+    ("workload.global_batch=1e26", "workload.global_batch"),
+    ("workload.global_batch_tokens=1e13", "workload.global_batch_tokens"),
+    ("workload.seq_len=1e9", "workload.seq_len"),
+    ("cluster.nodes=1e8", "cluster.nodes"),
+])
+def test_sizes_no_run_could_need_are_refused_at_load(capsys, override, field):
+    extra = ["--set", "workload.global_batch=null"] if "tokens" in override else []
+    for command in ("lint", "run"):
+        code, _, err = run_cli(capsys, command, EXAMPLE, *extra, "--set", override)
+        assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"{EXAMPLE}: {field}: "), err
+        assert "any" in err
+
+
+def test_the_step_of_a_huge_batch_is_folded_in_bounded_memory_and_agrees_with_the_estimate():
+    import tracemalloc
+
+    import fmsim
+
+    small = fmsim.load_scenario(EXAMPLE)
+    des_small, est_small = fmsim.simulate(small), fmsim.estimate(small)
+    results = {}
+    for gb in (131_072, 1_048_576):
+        sc = fmsim.load_scenario(EXAMPLE, overrides={"workload.global_batch": gb})
+        if gb > 131_072:
+            tracemalloc.start()
+        try:
+            results[gb] = (fmsim.simulate(sc), fmsim.estimate(sc))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 200 * 2**20                         # a full run of 2^20 sequences took > 20 GB
+    (a, _), (b, _) = results.values()
+    assert a.details["num_jobs"] == b.details["num_jobs"] < 20_000    # the cost does not grow with the batch
+    gap_small = abs(est_small.metrics["step_time_s"] - des_small.metrics["step_time_s"])
+    for des, est in results.values():
+        assert des.details["folded"]["microbatches"] == des.metrics["num_microbatches"]
+        # the steady state is extrapolated exactly: the estimate's offset from the DES stays what it is
+        # at the bundled batch (a fixed 8 ms of fill and drain), whatever the step's length
+        assert abs(est.metrics["step_time_s"] - des.metrics["step_time_s"]) == pytest.approx(gap_small, abs=1e-6)
+        assert sum(des.breakdown.values()) == pytest.approx(des.metrics["step_time_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"parallelism.zero": 3},
+    {"cluster.stragglers": {"cv": 0.05}, "parallelism.overlap": {"pp_comm": False}},
+    {"parallelism.vpp": 1, "parallelism.schedule": "1f1b", "parallelism.pp": 4, "parallelism.tp": 8},
+])
+def test_a_folded_step_equals_the_step_simulated_in_full(monkeypatch, overrides):
+    import fmsim
+    import fmsim.workloads.pretrain as pretrain
+
+    sc = fmsim.load_scenario(EXAMPLE, overrides={**overrides, "workload.global_batch": 272})   # 136 micro-batches
+    folded = fmsim.simulate(sc)
+    assert "folded" in folded.details and folded.metrics["num_microbatches"] > pretrain.FOLD_ABOVE
+    monkeypatch.setattr(pretrain, "FOLD_ABOVE", 10**9)
+    full = fmsim.simulate(sc)
+    assert "folded" not in full.details
+    assert folded.metrics["step_time_s"] == pytest.approx(full.metrics["step_time_s"], rel=1e-11)
+    for part in set(full.breakdown) | set(folded.breakdown):
+        assert folded.breakdown.get(part, 0.0) == pytest.approx(full.breakdown.get(part, 0.0), abs=1e-9)
