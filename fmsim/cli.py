@@ -332,10 +332,34 @@ def _print_result(sc: Any, res: Any) -> None:
         for label, key in (("per GPU", "host_bytes_per_gpu"), ("per node", "host_bytes_per_node"),
                            ("node has", "host_memory_per_node")):
             print(f"    {label.ljust(width - 2)}{format_column('x_bytes', offload.get(key))}")
+    if res.kind == "inference":
+        _print_serving_lines(res, details)
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")
     print()
+
+
+def _print_serving_lines(res: Any, details: Mapping[str, Any]) -> None:
+    """Whether the SLOs are met, limit by limit, and how many requests the run simulated."""
+    slo = details.get("slo")
+    if isinstance(slo, list) and slo:
+        met = res.get("slo_met")
+        parts = []
+        for v in slo:
+            sign = "<=" if v.get("met") else ">" if v.get("met") is False else "vs"
+            parts.append(f"{v.get('slo')} {format_column('x_s', v.get('value_s'))} {sign} "
+                         f"{format_column('x_s', v.get('limit_s'))}")
+        why = ""
+        if met is False and all(v.get("met") for v in slo):
+            why = " (requests rejected or left unfinished)"
+        print(f"  SLO {'met' if met else 'NOT met'}{why}: {'; '.join(parts)}")
+    else:
+        print("  SLO: none given (add slo: to check latency targets)")
+    cap = details.get("request_cap")
+    if isinstance(cap, Mapping):
+        print(f"  simulated {cap.get('simulated'):,} of {cap.get('requests'):,} requests (the cap, "
+              f"{cap.get('cap'):,}): the figures are the steady state's")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

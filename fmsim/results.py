@@ -27,6 +27,8 @@ INFERENCE_COLUMNS = (
     "output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
     "usd_per_million_output_tokens", "usd_per_query",
+    # added after v1's first list (appended, never renamed): the plan the row prices, and its SLO verdict
+    "tp", "pp", "ep", "precision", "pricing_option", "slo_met",
 )
 
 COLUMNS_BY_KIND = {
