@@ -953,9 +953,9 @@ def _model(wl: _Section, catalog: Catalog) -> ModelSpec:
         model = model_from_mapping(raw, file=wl.file, where=wl.path("model"))
         if raw.get("head_dim") is None and model.mla is None and model.hidden % model.heads:
             # the default head_dim, hidden / heads, would be rounded down without a word
-            raise ConfigError(f"hidden {model.hidden} is not divisible by the {model.heads} heads, so hidden / "
-                              "heads is no whole head_dim (expected head_dim given, or heads dividing hidden)",
-                              file=wl.file, field=wl.path("model.head_dim"))
+            raise ConfigError(f"hidden {model.hidden} is not divisible by the {model.heads} heads, so "
+                              "hidden / heads is no whole head_dim (expected head_dim given, or heads "
+                              "dividing hidden)", file=wl.file, field=wl.path("model.head_dim"))
         return model
     raise wl.err(
         "model", f"got {_what(raw)} (expected a model_catalog name or an inline architecture mapping)"
@@ -1011,13 +1011,13 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
             hint="sequences per optimizer step, or global_batch_tokens",
         )
     if seq_len > MAX_SEQ_LEN:
-        raise wl.err("seq_len", f"{seq_len:,} tokens per sequence is past the {MAX_SEQ_LEN:,} any run could need "
-                     "(expected a context length such as 8192)")
+        raise wl.err("seq_len", f"{seq_len:,} tokens per sequence is past the {MAX_SEQ_LEN:,} any run could "
+                     "need (expected a context length such as 8192)")
     if seq_len * global_batch > MAX_TOKENS_PER_STEP:
         key = "global_batch_tokens" if wl.has("global_batch_tokens") else "global_batch"
-        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past the "
-                     f"{MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 sequences or 16M "
-                     "tokens)")
+        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past "
+                     f"the {MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 "
+                     "sequences or 16M tokens)")
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
     fp8_attention = wl.boolean("fp8_attention", False)
@@ -1174,8 +1174,8 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
     assert nodes is not None
     if nodes * per_node > MAX_GPUS:
         key = "gpus" if has_gpus else "nodes"
-        raise cl.err(key, f"{nodes * per_node:,} accelerators is past the {MAX_GPUS:,} any cluster could hold "
-                     f"(expected a cluster size such as {16 * per_node})")
+        raise cl.err(key, f"{nodes * per_node:,} accelerators is past the {MAX_GPUS:,} any cluster could "
+                     f"hold (expected a cluster size such as {16 * per_node})")
     unit = inst.nodes_per_unit
     if inst.provider == "aws" and unit > 1 and nodes % unit:
         key = "gpus" if has_gpus else "nodes"
@@ -1490,8 +1490,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     )
 
 
-def _check_plan_shape(ps: _Section, wl_sec: _Section, workload: Workload, *, tp: int, pp: int, cp: int, dp: int,
-                      schedule: str) -> None:
+def _check_plan_shape(ps: _Section, wl_sec: _Section, workload: Workload, *, tp: int, pp: int, cp: int,
+                      dp: int, schedule: str) -> None:
     """What the training plan build would refuse, refused at load so that ``lint`` and ``run`` agree:
     the interleaved schedule's groups of pp micro-batches, and a sequence split over the TP ranks."""
     m = workload.global_batch // (dp * workload.micro_batch)

@@ -167,7 +167,8 @@ def run_all(scenarios: Sequence[Scenario], run: Runner, jobs: int = 1, *,
         return _run_pool(scenarios, run, jobs, bar)
 
 
-def _run_pool(scenarios: Sequence[Scenario], run: Runner, jobs: int, bar: Any) -> list[tuple[Result | None, str | None]]:
+def _run_pool(scenarios: Sequence[Scenario], run: Runner, jobs: int,
+              bar: Any) -> list[tuple[Result | None, str | None]]:
     import concurrent.futures
     import functools
 

@@ -295,9 +295,11 @@ class _Simulation:
     # -- traffic ------------------------------------------------------------------------------
     def _draw_lengths(self) -> None:
         tr, ttc = self.spec.traffic, self.spec.ttc
-        n = tr.num_requests if (tr.duration_s is None or tr.num_requests < MAX_REQUESTS) else self._n_for_duration()
+        explicit = tr.duration_s is None or tr.num_requests < MAX_REQUESTS
+        n = tr.num_requests if explicit else self._n_for_duration()
         self.n_offered = n
-        cap = min(MAX_SIMULATED_QUESTIONS, max(1, MAX_SIMULATED_SEQUENCES // (ttc.samples * ttc.revision_rounds)))
+        per_question = ttc.samples * ttc.revision_rounds
+        cap = min(MAX_SIMULATED_QUESTIONS, max(1, MAX_SIMULATED_SEQUENCES // per_question))
         n = min(n, cap)
         self.request_cap = cap if self.n_offered > cap else None
         self.n_questions = n
@@ -545,7 +547,8 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     if outs and not (horizon is not None and unfinished):
         open_loop = spec.traffic.arrival not in ("offline", "closed-loop")
         span, window = _steady_span(np.array(first_s), np.array(finish_s), np.array(arrival_s),
-                                    np.array(outs, dtype=float), out_tokens, duration, t0=t0, open_loop=open_loop)
+                                    np.array(outs, dtype=float), out_tokens, duration, t0=t0,
+                                    open_loop=open_loop)
     qlat = np.array([q.done_s - q.arrival_s for q in done_q])
     n_done = len(done_q)
     gpus_used = sum(p.gpus for p in plan.pools)

@@ -243,7 +243,8 @@ def _own_send_waits(run: RunResult, jobs: Sequence[Job], stream: str) -> float:
 def _straggle_wait_s(plan: Plan, s: int) -> float:
     """Stage ``s``'s wait for the slowest data-parallel replica over the step's micro-batches: the spread
     of a sum of m equal micro-batches is sqrt(m) times one's (no list of 2·vpp·m task times)."""
-    one = [d for c in range(plan.vpp) for d in (plan.virtual_stage(s, c).fwd_s, plan.virtual_stage(s, c).bwd_s)]
+    stages = [plan.virtual_stage(s, c) for c in range(plan.vpp)]
+    one = [d for st in stages for d in (st.fwd_s, st.bwd_s)]
     return plan.straggler_step_wait_s(one) * math.sqrt(plan.num_microbatches)
 
 
@@ -567,7 +568,8 @@ def _extrapolate(counts: Sequence[int], values: Sequence[float], m: int) -> floa
 
 
 def _simulate_step(plan: Plan, *, contention: bool, overlap: bool, record: bool,
-                   step_wait_s: Sequence[float] | None = None) -> tuple[RunResult, list[Job], dict[str, float], int]:
+                   step_wait_s: Sequence[float] | None = None
+                   ) -> tuple[RunResult, list[Job], dict[str, float], int]:
     jobs = build_jobs(plan, overlap=overlap, step_wait_s=step_wait_s)
     run = run_jobs(jobs, link_capacities(plan), contention=contention, record=record)
     breakdown, crit = _breakdown(plan, run, jobs)
@@ -589,7 +591,8 @@ def simulate_folded(plan: Plan, *, contention: bool = True, overlap: bool = True
     waits = [_straggle_wait_s(plan, s) for s in range(plan.pp)]
     while m > FOLD_ABOVE and sum(counts) < m:
         runs = [_simulate_step(dataclasses.replace(plan, num_microbatches=k), contention=contention,
-                               overlap=overlap, record=record and k == counts[0], step_wait_s=waits) for k in counts]
+                               overlap=overlap, record=record and k == counts[0], step_wait_s=waits)
+                for k in counts]
         steps = [r[0].makespan_s for r in runs]
         if abs((steps[2] - steps[1]) - (steps[1] - steps[0])) <= 1e-9 * steps[2]:
             keys = dict.fromkeys(k for r in runs for k in r[2])
