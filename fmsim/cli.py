@@ -7,7 +7,9 @@ imported when a command needs it. Sub-commands of other modules (``collective``,
 ``plan-capacity``) are registered when those modules import.
 
 Exit codes: 0 success; 1 ``check`` found a prediction outside its band; 2 bad input (a file, an
-option, an infeasible plan, a kind whose simulator is not built); 130 interrupted.
+option, a path with no scenario file, a plan that cannot be built, a kind whose simulator is not
+built); 3 ``run`` simulated a plan that does not fit in memory or misses its SLO (its row is still
+written); 130 interrupted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from .units import format_quantity
 
 __all__ = ["build_parser", "expand_paths", "format_column", "main"]
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 3
 CATALOG_TABLES = ("instances", "accelerators", "models", "storage", "prices", "fabrics")
 # Modules of other engineers that add sub-commands: add_parser(subparsers) and run(args) -> int.
 PLUGIN_MODULES = ("fmsim.cli_collective", "fmsim.cli_plan")
@@ -162,6 +164,17 @@ def _jobs(text: str) -> int:
 def _add_jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", "-j", type=_jobs, default=os.cpu_count() or 1, metavar="N",
                    help="scenarios run in N worker processes (default: the machine's cores); same numbers")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (default: only when stderr is a terminal)")
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    if args.progress is not None:
+        return bool(args.progress)
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], Any]:
@@ -180,12 +193,28 @@ def _runner(estimate: bool, trace_path: str | None = None) -> Callable[[Any], An
     return lambda sc: fn(sc, trace_path=trace_path)
 
 
+#: longest file name part a scenario name becomes (file systems allow 255 bytes; room for the rest)
+MAX_NAME_IN_FILE = 80
+
+
+def safe_file_part(name: str, limit: int = MAX_NAME_IN_FILE) -> str:
+    """``name`` as part of a file name: characters other than letters, digits and ``-_.`` become
+    ``_``, and a name longer than ``limit`` is cut, with a short hash of the whole name kept so that
+    two long names sharing a start still give two files."""
+    safe = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-_." else "_" for ch in name)
+    if len(safe) <= limit:
+        return safe
+    import hashlib
+
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{safe[:limit - 9]}-{digest}"
+
+
 def _trace_path(base: str | None, sc: Any, many: bool) -> str | None:
     if base is None or not many:
         return base
     p = Path(base)
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in sc.name)
-    return str(p.with_name(f"{p.stem}-{safe}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}-{safe_file_part(sc.name)}{p.suffix}"))
 
 
 def _write(kind: str, path: str, write: Callable[[], None]) -> None:
@@ -193,6 +222,31 @@ def _write(kind: str, path: str, write: Callable[[], None]) -> None:
         write()
     except OSError as exc:
         raise ConfigError(f"cannot write the {kind}: {exc.strerror or exc}", file=path) from None
+
+
+def check_writable(kind: str, path: str | None) -> None:
+    """Refuse an output path that cannot be written -- a missing folder, a directory, a read-only
+    file -- before any simulation runs, as one :class:`ConfigError` line (``-`` is stdout)."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"cannot write the {kind}: is a directory (expected a file path)", file=path)
+    parent = p.parent
+    if not parent.is_dir():
+        what = "is a file, not a folder" if parent.exists() else "does not exist"
+        raise ConfigError(f"cannot write the {kind}: the folder {parent} {what}", file=path)
+    existed = p.exists()
+    try:
+        with open(p, "a"):       # opened to append: an existing file keeps its bytes
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write the {kind}: {exc.strerror or exc}", file=path) from None
+    if not existed:
+        try:
+            p.unlink()
+        except OSError:          # pragma: no cover - we just created it
+            pass
 
 
 # ----------------------------------------------------------------------------------------------
@@ -204,11 +258,38 @@ def cmd_lint(args: argparse.Namespace) -> int:
     scenarios = [sc for sc in scenarios if _sections_ok(sc, errors)]
     for line in errors:
         _say_error(line)
-    if n_files == 0 and not errors:
-        print("no scenario files found")
-        return EXIT_OK
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     print(f"{len(scenarios)} of {n_files} scenario file{'s' if n_files != 1 else ''} OK")
     return EXIT_USAGE if errors else EXIT_OK
+
+
+def _no_files(args: argparse.Namespace, n_files: int, errors: list[str]) -> bool:
+    """True (and one line said) when the paths held no scenario file: a CI job given a mistyped
+    or emptied folder must fail, not pass having checked nothing."""
+    if n_files or errors:
+        return False
+    _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml files)")
+    return True
+
+
+def _infeasible(sc: Any, res: Any) -> str | None:
+    """Why a simulated plan cannot be used as it stands (does not fit, misses its SLO), or None."""
+    if res.get("fits") is False:
+        details = res.details if isinstance(res.details, Mapping) else {}
+        why = details.get("memory_error") or "the plan does not fit in memory"
+        return f"{sc.file or sc.name}: does not fit: {why}"
+    if res.get("slo_met") is False:
+        return f"{sc.file or sc.name}: misses its SLO (slo_met false: see the latency figures)"
+    return None
+
+
+def _report_to_stderr_if(machine_stdout: bool) -> Any:
+    """While the human report prints: stdout as it is, or -- when ``--csv -`` / ``--json -`` put the
+    machine-readable output there -- stderr, so that stdout holds that output alone."""
+    import contextlib
+
+    return contextlib.redirect_stdout(sys.stderr) if machine_stdout else contextlib.nullcontext()
 
 
 def _sections_ok(sc: Any, errors: list[str]) -> bool:
@@ -252,10 +333,34 @@ def _print_result(sc: Any, res: Any) -> None:
     from .workloads.storage_run import summary_lines    # storage and failures (docs/storage.md)
     for line in summary_lines(details, format_column):
         print(line)
+    if res.kind == "inference":
+        _print_serving_lines(res, details)
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")
     print()
+
+
+def _print_serving_lines(res: Any, details: Mapping[str, Any]) -> None:
+    """Whether the SLOs are met, limit by limit, and how many requests the run simulated."""
+    slo = details.get("slo")
+    if isinstance(slo, list) and slo:
+        met = res.get("slo_met")
+        parts = []
+        for v in slo:
+            sign = "<=" if v.get("met") else ">" if v.get("met") is False else "vs"
+            parts.append(f"{v.get('slo')} {format_column('x_s', v.get('value_s'))} {sign} "
+                         f"{format_column('x_s', v.get('limit_s'))}")
+        why = ""
+        if met is False and all(v.get("met") for v in slo):
+            why = " (requests rejected or left unfinished)"
+        print(f"  SLO {'met' if met else 'NOT met'}{why}: {'; '.join(parts)}")
+    else:
+        print("  SLO: none given (add slo: to check latency targets)")
+    cap = details.get("request_cap")
+    if isinstance(cap, Mapping):
+        print(f"  simulated {cap.get('simulated'):,} of {cap.get('requests'):,} requests (the cap, "
+              f"{cap.get('cap'):,}): the figures are the steady state's")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -264,14 +369,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
-    if n_files == 0 and not errors:
-        _say_error(f"{' '.join(args.paths)}: no scenario files found (expected *.yaml)")
+    if _no_files(args, n_files, errors):
         return EXIT_USAGE
+    if args.csv == "-" and args.json == "-":
+        raise ConfigError("--csv - and --json - would share stdout (expected one of them on stdout, "
+                          "the other to a file)", file="--json")
+    many = len(scenarios) > 1
+    check_writable("CSV", args.csv)
+    check_writable("JSON", args.json)
+    for sc in scenarios:
+        check_writable("trace", _trace_path(args.trace, sc, many))
     results = []
     failed = bool(errors)
-    many = len(scenarios) > 1
+    infeasible = False
     for sc in scenarios:
-        run = _runner(args.estimate, _trace_path(args.trace, sc, many))
+        trace = _trace_path(args.trace, sc, many)
+        run = _runner(args.estimate, trace)
         try:
             res = run(sc)
         except FmsimError as exc:
@@ -280,15 +393,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say_error(error_line(sc, exc))
             failed = True
             continue
+        except OSError as exc:
+            if trace is None:
+                raise
+            _say_error(f"{trace}: cannot write the trace: {exc.strerror or exc}")
+            failed = True
+            continue
         results.append(res)
-        _print_result(sc, res)
+        with _report_to_stderr_if(args.csv == "-" or args.json == "-"):
+            _print_result(sc, res)
+        why = _infeasible(sc, res)
+        if why:
+            _say_error(why)
+            infeasible = True
     from .export import write_csv, write_json
 
     if args.csv:
         _write("CSV", args.csv, lambda: write_csv(results, args.csv))
     if args.json:
         _write("JSON", args.json, lambda: write_json(results, args.json))
-    return EXIT_USAGE if failed else EXIT_OK
+    if failed:
+        return EXIT_USAGE
+    return EXIT_INFEASIBLE if infeasible else EXIT_OK
 
 
 def _s(n: int) -> str:
@@ -305,12 +431,15 @@ def _band_text(col: str, e: Any) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     from .validate import check_scenarios
 
-    scenarios, errors, _n_files = _load_all(args)
+    scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     with_expect = [sc for sc in scenarios if sc.expect]
     skipped = len(scenarios) - len(with_expect)
-    rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs) if with_expect else []
+    rows = check_scenarios(with_expect, _runner(args.estimate), jobs=args.jobs,
+                                                 progress=_progress(args)) if with_expect else []
     table = []
     for r in rows:
         if r.expect is None:
@@ -343,13 +472,30 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .validate import summarize, validate_scenarios
+    from .validate import validate_scenarios
 
-    scenarios, errors, _n_files = _load_all(args)
+    check_writable("CSV", args.csv)
+    scenarios, errors, n_files = _load_all(args)
     for line in errors:
         _say_error(line)
+    if _no_files(args, n_files, errors):
+        return EXIT_USAGE
     with_measured = [sc for sc in scenarios if sc.measured]
-    rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs) if with_measured else []
+    rows = validate_scenarios(with_measured, _runner(args.estimate), jobs=args.jobs,
+                                                          progress=_progress(args)) if with_measured else []
+    with _report_to_stderr_if(args.csv == "-"):
+        _print_validation(rows, scenarios, with_measured, errors)
+    if args.csv:
+        from .export import write_rows_csv
+
+        _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def _print_validation(rows: Sequence[Any], scenarios: Sequence[Any], with_measured: Sequence[Any],
+                      errors: Sequence[str]) -> None:
+    from .validate import summarize
+
     table = []
     for r in rows:
         if r.key == "-":
@@ -385,11 +531,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{s.errors} scenario{'s' if s.errors != 1 else ''} raised an error; {skipped} without measured: "
         "skipped" + (f"; {len(errors)} file{'s' if len(errors) != 1 else ''} not loaded" if errors else "")
     )
-    if args.csv:
-        from .export import write_rows_csv
-
-        _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
-    return EXIT_USAGE if errors else EXIT_OK
 
 
 APP_ENTRY = "Home.py"
@@ -409,8 +550,12 @@ def app_entry() -> Path:
     return entry
 
 
-def app_command(port: int, address: str | None = None) -> list[str]:
-    """``streamlit run`` of the explorer, headless (no browser opened, no usage statistics sent)."""
+APP_ADDRESS = "127.0.0.1"
+
+
+def app_command(port: int, address: str | None = APP_ADDRESS) -> list[str]:
+    """``streamlit run`` of the explorer, headless (no browser opened, no usage statistics sent),
+    listening on this machine only unless ``address`` says otherwise (``0.0.0.0``: every interface)."""
     import importlib.util
 
     if importlib.util.find_spec("streamlit") is None:
@@ -423,8 +568,7 @@ def app_command(port: int, address: str | None = None) -> list[str]:
            "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
            # uploads are scenario files: the scenario reader refuses more than 1 MiB anyway
            "--server.maxUploadSize", "1"]
-    if address:
-        cmd += ["--server.address", address]
+    cmd += ["--server.address", address or APP_ADDRESS]
     return cmd
 
 
@@ -748,8 +892,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8501, help="TCP port to serve on (default 8501)")
     p.add_argument(
         "--address",
-        default=None,
-        help="address to listen on (default: streamlit's, all interfaces; 127.0.0.1: this machine only)",
+        default=APP_ADDRESS,
+        help=f"address to listen on (default {APP_ADDRESS}: this machine only; 0.0.0.0: every interface)",
     )
     p.set_defaults(_handler=cmd_app)
 
@@ -768,6 +912,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    previous = _stop_on_sigterm()
     try:
         return int(handler(args) or 0)
     except FmsimError as exc:
@@ -781,6 +926,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             pass
         return EXIT_OK
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_on_sigterm() -> Any:
+    """SIGTERM (``kill``, a CI job's timeout) unwinds like Ctrl-C, so that worker processes are
+    stopped too (fmsim.validate.run_all); returns the handler it replaced (None off the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,20 +19,35 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
-from .results import COMMON_COLUMNS, INFERENCE_COLUMNS, RL_COLUMNS, TRAINING_COLUMNS, Result
+from .results import COLUMNS_BY_KIND, COMMON_COLUMNS, INFERENCE_COLUMNS, RL_COLUMNS, TRAINING_COLUMNS, Result
 
 __all__ = ["csv_cell", "csv_header", "csv_text", "json_value", "write_csv", "write_json"]
 
 _CONTRACT_ORDER = tuple(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS + RL_COLUMNS))
 
 
+def _contract_order(kinds: Iterable[Any]) -> tuple[str, ...]:
+    """The contract's column order for a CSV holding these kinds: a kind's own columns in its own order
+    (an inference-only CSV keeps the inference columns first and its later ones, such as tp, at the end),
+    training before inference when both are there."""
+    present = set(kinds)
+    groups = [cols for kind, cols in (("training", TRAINING_COLUMNS), ("inference", INFERENCE_COLUMNS),
+                                      ("rl", RL_COLUMNS))
+              if any(COLUMNS_BY_KIND.get(k) is cols for k in present)]
+    if not groups:
+        return _CONTRACT_ORDER
+    return tuple(dict.fromkeys(COMMON_COLUMNS + sum(groups, ())))
+
+
 def csv_header(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """Union of the rows' keys: contract columns in contract order, then others as first seen."""
     seen: dict[str, None] = {}
+    kinds: dict[Any, None] = {}
     for row in rows:
+        kinds.setdefault(row.get("kind"), None)
         for key in row:
             seen.setdefault(key, None)
-    known = [c for c in _CONTRACT_ORDER if c in seen]
+    known = [c for c in _contract_order(kinds) if c in seen]
     return known + [k for k in seen if k not in known]
 
 

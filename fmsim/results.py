@@ -31,6 +31,8 @@ INFERENCE_COLUMNS = (
     "output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
     "usd_per_million_output_tokens", "usd_per_query",
+    # added after v1's first list (appended, never renamed): the plan the row prices, and its SLO verdict
+    "tp", "pp", "ep", "precision", "pricing_option", "slo_met",
 )
 
 #: kind: rl (docs/rl.md "Results"): the step, its phases and pools, NeMo RL's tokens/s/GPU, cost per step

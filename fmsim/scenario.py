@@ -44,6 +44,9 @@ __all__ = [
     "KINDS",
     "MAX_ALIASES",
     "MAX_FILE_BYTES",
+    "MAX_GPUS",
+    "MAX_SEQ_LEN",
+    "MAX_TOKENS_PER_STEP",
     "PRECISIONS",
     "RECOMPUTE",
     "RECOMPUTE_MODULES",
@@ -204,6 +207,13 @@ MAX_FILE_BYTES = 1 << 20  # 1 MiB
 MAX_ALIASES = 100  # YAML aliases (*name) per file
 MAX_EXPANDED_NODES = 200_000  # nodes after expanding aliases (billion-laughs guard)
 MAX_DEPTH = 64  # nesting of mappings/sequences
+# Sizes no run could need, refused at load so that memory and time stay bounded whatever the input.
+# The largest published pre-training steps hold tens of millions of tokens (Llama 3 405B: 16M, Meta
+# 2024 Table 4) and the longest trained contexts ten million (Llama 4 Scout, 2025); the largest
+# clusters a few hundred thousand accelerators. Each bound is orders of magnitude past those.
+MAX_TOKENS_PER_STEP = 10**12   # seq_len x global_batch
+MAX_SEQ_LEN = 10**8            # tokens per sequence
+MAX_GPUS = 2**24               # accelerators in one cluster
 
 
 # ----------------------------------------------------------------------------------------------
@@ -668,7 +678,11 @@ def _check_expansion(root: Any) -> None:
 
 def load_yaml_text(text: str, *, file: str | None = None) -> Any:
     """Parse one YAML document strictly; errors are :class:`ConfigError` naming the line."""
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)    # the reader checks the characters here (NUL and the like)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"invalid YAML: {first}", file=file) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -716,11 +730,17 @@ def _read_text(path: Path, file: str) -> str:
     if len(raw) > MAX_FILE_BYTES:
         raise ConfigError(f"file is over the {MAX_FILE_BYTES:,}-byte limit for scenario files", file=file)
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=file
         ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        column = nul - (text.rfind("\n", 0, nul) + 1) + 1
+        raise ConfigError(f"line {line}, column {column}: a NUL byte (expected a YAML text file)", file=file)
+    return text
 
 
 # ----------------------------------------------------------------------------------------------
@@ -735,7 +755,12 @@ def parse_set_option(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not _PATH.match(key):
         raise ConfigError(f"{text!r} is not key.path=value (expected e.g. parallelism.tp=4)", file="--set")
-    parsed = load_yaml_text(value, file=f"--set {key}") if value.strip() else None
+    if not value.strip():
+        # an empty value would read as null, which a section takes as "not given": the field would
+        # silently keep its default
+        raise ConfigError(f"{text!r} has no value (expected {key}=VALUE; write {key}=null to drop the "
+                          f"field, or {key}=\"\" for an empty string)", file="--set", field=key)
+    parsed = load_yaml_text(value, file=f"--set {key}")
     return key, parsed
 
 
@@ -954,7 +979,13 @@ def _model(wl: _Section, catalog: Catalog) -> ModelSpec:
         except ConfigError as exc:
             raise _relocate(exc, wl.file, wl.path("model")) from None
     if isinstance(raw, Mapping):
-        return model_from_mapping(raw, file=wl.file, where=wl.path("model"))
+        model = model_from_mapping(raw, file=wl.file, where=wl.path("model"))
+        if raw.get("head_dim") is None and model.mla is None and model.hidden % model.heads:
+            # the default head_dim, hidden / heads, would be rounded down without a word
+            raise ConfigError(f"hidden {model.hidden} is not divisible by the {model.heads} heads, so "
+                              "hidden / heads is no whole head_dim (expected head_dim given, or heads "
+                              "dividing hidden)", file=wl.file, field=wl.path("model.head_dim"))
+        return model
     raise wl.err(
         "model", f"got {_what(raw)} (expected a model_catalog name or an inline architecture mapping)"
     )
@@ -1008,6 +1039,14 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
             counts=True,
             hint="sequences per optimizer step, or global_batch_tokens",
         )
+    if seq_len > MAX_SEQ_LEN:
+        raise wl.err("seq_len", f"{seq_len:,} tokens per sequence is past the {MAX_SEQ_LEN:,} any run could "
+                     "need (expected a context length such as 8192)")
+    if seq_len * global_batch > MAX_TOKENS_PER_STEP:
+        key = "global_batch_tokens" if wl.has("global_batch_tokens") else "global_batch"
+        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past "
+                     f"the {MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 "
+                     "sequences or 16M tokens)")
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
     fp8_attention = wl.boolean("fp8_attention", False)
@@ -1162,6 +1201,10 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
             )
         nodes = gpus // per_node
     assert nodes is not None
+    if nodes * per_node > MAX_GPUS:
+        key = "gpus" if has_gpus else "nodes"
+        raise cl.err(key, f"{nodes * per_node:,} accelerators is past the {MAX_GPUS:,} any cluster could "
+                     f"hold (expected a cluster size such as {16 * per_node})")
     unit = inst.nodes_per_unit
     if inst.provider == "aws" and unit > 1 and nodes % unit:
         key = "gpus" if has_gpus else "nodes"
@@ -1375,6 +1418,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
                 file=wl_sec.file,
                 field=wl_sec.path("global_batch"),
             )
+        _check_plan_shape(ps, wl_sec, workload, tp=tp, pp=pp, cp=cp, dp=dp, schedule=schedule)
     ov = ps.section("overlap", OVERLAP_KEYS)
     p2p_overlap = default_pp_comm(schedule)
     overlap = (
@@ -1488,6 +1532,30 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         overlap=overlap,
         order=order,
     )
+
+
+def _check_plan_shape(ps: _Section, wl_sec: _Section, workload: Workload, *, tp: int, pp: int, cp: int,
+                      dp: int, schedule: str) -> None:
+    """What the training plan build would refuse, refused at load so that ``lint`` and ``run`` agree:
+    the interleaved schedule's groups of pp micro-batches, and a sequence split over the TP ranks."""
+    m = workload.global_batch // (dp * workload.micro_batch)
+    if schedule == "interleaved" and m % pp:
+        # Megatron-Core runs interleaved micro-batches in groups of pp (microbatch_group_size_per_vp_stage)
+        # and refuses a last group shorter than pp; PyTorch's ScheduleInterleaved1F1B needs the same
+        raise ParallelismError(
+            f"the interleaved schedule needs the micro-batches per step, {m} = global_batch / "
+            f"(dp·micro_batch), to be a multiple of pp = {pp} (they run in groups of pp); "
+            f"make global_batch a multiple of {dp * workload.micro_batch * pp}, or use schedule 1f1b",
+            file=wl_sec.file, field=wl_sec.path("global_batch"))
+    if ps.boolean("sequence_parallel", False) and tp > 1 and (workload.seq_len // cp) % tp:
+        # sequence parallelism splits each rank's tokens (seq_len / cp) over the TP ranks; Megatron-Core's
+        # tensor_parallel.mappings asserts "First dimension of the tensor should be divisible by tensor
+        # parallel size"
+        raise ParallelismError(
+            f"seq_len {workload.seq_len} over cp {cp} leaves {workload.seq_len // cp} tokens per rank, which "
+            f"sequence parallelism cannot split over tp = {tp} ranks (expected seq_len a multiple of "
+            f"cp*tp = {cp * tp}, or sequence_parallel: false)",
+            file=wl_sec.file, field=wl_sec.path("seq_len"))
 
 
 def _cp_comm(ps: _Section, model: Any, *, tp: int, cp: int) -> str:

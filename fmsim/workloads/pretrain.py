@@ -9,7 +9,9 @@ step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and c
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,11 @@ def link_capacities(plan: Plan) -> dict[tuple[str, int], float]:
     return caps
 
 
-def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
+def build_jobs(plan: Plan, *, overlap: bool = True, step_wait_s: Sequence[float] | None = None) -> list[Job]:
     """Jobs of one training step (see module docstring). ``overlap=False`` serialises the
-    data-parallel communication after the backward passes (the analytical reference)."""
+    data-parallel communication after the backward passes (the analytical reference).
+    ``step_wait_s``: each stage's wait for the slowest data-parallel replica, when it is not this
+    plan's own (a folded run simulates fewer micro-batches than the step waits for)."""
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     nv = pp * vpp
     sched = get_schedule(plan.schedule)
@@ -147,8 +151,7 @@ def build_jobs(plan: Plan, *, overlap: bool = True) -> list[Job]:
                                     label=f"send grad mb{t.microbatch} v{v}"))
                     own_send = [] if plan.overlap_pp_comm else [key + ">"]
         last_key = task_keys[-1]
-        wait = plan.straggler_step_wait_s([d for c in range(vpp) for d in
-                                          (plan.virtual_stage(s, c).fwd_s, plan.virtual_stage(s, c).bwd_s)] * m)
+        wait = _straggle_wait_s(plan, s) if step_wait_s is None else step_wait_s[s]
         if wait > 0:
             jobs.append(Job(f"straggle{s}", comp, wait, (last_key,), category="straggler",
                             label="wait for the slowest data-parallel replica"))
@@ -237,6 +240,14 @@ def _own_send_waits(run: RunResult, jobs: Sequence[Job], stream: str) -> float:
     return waited
 
 
+def _straggle_wait_s(plan: Plan, s: int) -> float:
+    """Stage ``s``'s wait for the slowest data-parallel replica over the step's micro-batches: the spread
+    of a sum of m equal micro-batches is sqrt(m) times one's (no list of 2·vpp·m task times)."""
+    stages = [plan.virtual_stage(s, c) for c in range(plan.vpp)]
+    one = [d for st in stages for d in (st.fwd_s, st.bwd_s)]
+    return plan.straggler_step_wait_s(one) * math.sqrt(plan.num_microbatches)
+
+
 def _task_jitter_s(plan: Plan, stage: int) -> float:
     """Time a stage's tasks lose waiting for the slowest rank of their synchronising groups."""
     work = sum(plan.virtual_stage(stage, c).fwd_s + plan.virtual_stage(stage, c).bwd_s for c in range(plan.vpp))
@@ -253,7 +264,12 @@ def _fsdp_chain_s(plan: Plan, s: int) -> float:
     gather, issued when the task two back has finished (one task of prefetch); each backward's
     reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
     and the two streams, sharing the group's links, take at least their traffic back to back.
-    Pipeline waits are left to the caller."""
+    Pipeline waits are left to the caller. Past a few dozen micro-batches the chain's steady state is
+    folded: it is replayed for fewer and extrapolated (:func:`fold_counts`), exactly."""
+    if plan.num_microbatches > FOLD_ABOVE:
+        counts = fold_counts(plan.num_microbatches, plan.pp)
+        chains = [_fsdp_chain_s(dataclasses.replace(plan, num_microbatches=k), s) for k in counts]
+        return _extrapolate(counts, chains, plan.num_microbatches)
     vpp, m = plan.vpp, plan.num_microbatches
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
@@ -389,8 +405,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                 if plan.overlap_param_gather and plan.zero >= 1:
                     dp_exposed += _gather_slowdown_s(plan, s)
     opt = plan.optimizer_s[crit]
-    straggle = plan.straggler_step_wait_s([d for c in range(vpp) for d in (plan.virtual_stage(crit, c).fwd_s,
-                                                                           plan.virtual_stage(crit, c).bwd_s)] * m)
+    straggle = _straggle_wait_s(plan, crit)
     step = pipeline + dp_exposed + gather + opt + straggle
     comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
                for c in range(vpp))
@@ -537,17 +552,76 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
                   details=det)
 
 
+#: micro-batches per step simulated event by event; past this the steady state is folded (below)
+FOLD_ABOVE = 128
+
+
+def fold_counts(m: int, pp: int) -> tuple[int, int, int]:
+    """Three micro-batch counts, each past the pipeline's warm-up, a whole number of groups of pp
+    apart and congruent to ``m`` modulo pp (the interleaved schedule's period is a group of pp
+    micro-batches, 1F1B's and GPipe's one): the step is affine in m from the warm-up on, so two of
+    them give its slope and the third checks it."""
+    base = max(4, -(-16 // pp)) * pp + m % pp
+    return base, base + 2 * pp, base + 4 * pp
+
+
+def _extrapolate(counts: Sequence[int], values: Sequence[float], m: int) -> float:
+    """The affine extrapolation to ``m`` of ``values`` at ``counts[0]`` and ``counts[1]``."""
+    (m1, m2), (v1, v2) = counts[:2], values[:2]
+    return v1 + (m - m1) * (v2 - v1) / (m2 - m1)
+
+
+def _simulate_step(plan: Plan, *, contention: bool, overlap: bool, record: bool,
+                   step_wait_s: Sequence[float] | None = None
+                   ) -> tuple[RunResult, list[Job], dict[str, float], int]:
+    jobs = build_jobs(plan, overlap=overlap, step_wait_s=step_wait_s)
+    run = run_jobs(jobs, link_capacities(plan), contention=contention, record=record)
+    breakdown, crit = _breakdown(plan, run, jobs)
+    return run, jobs, breakdown, crit
+
+
+def simulate_folded(plan: Plan, *, contention: bool = True, overlap: bool = True,
+                    record: bool = True) -> tuple[float, dict[str, float], int, dict[str, Any], RunResult]:
+    """One step's makespan and breakdown, simulating the micro-batches in full up to
+    :data:`FOLD_ABOVE` and folding the steady state beyond (DESIGN.md principle 5 folds ranks that do
+    the same work; this folds micro-batches that do): the warm-up, a few steady-state micro-batches
+    and the drain are simulated for two counts past the warm-up, and every figure, affine in the
+    micro-batch count from there on, is extrapolated to the step's. A third count checks the
+    slope; where it disagrees (a steady state longer in coming), the counts double until it agrees or
+    the step is simulated in full. Returns (step, breakdown, critical stage, fold details, the run
+    whose timeline a trace shows)."""
+    m = plan.num_microbatches
+    counts = fold_counts(m, plan.pp)
+    waits = [_straggle_wait_s(plan, s) for s in range(plan.pp)]
+    while m > FOLD_ABOVE and sum(counts) < m:
+        runs = [_simulate_step(dataclasses.replace(plan, num_microbatches=k), contention=contention,
+                               overlap=overlap, record=record and k == counts[0], step_wait_s=waits)
+                for k in counts]
+        steps = [r[0].makespan_s for r in runs]
+        if abs((steps[2] - steps[1]) - (steps[1] - steps[0])) <= 1e-9 * steps[2]:
+            keys = dict.fromkeys(k for r in runs for k in r[2])
+            bd = {k: _extrapolate(counts, [r[2].get(k, 0.0) for r in runs], m) for k in keys}
+            if bd.get("bubble", 0.0) < 1e-9 * _extrapolate(counts, steps, m):
+                bd["bubble"] = max(0.0, bd.get("bubble", 0.0))
+            fold = {"microbatches": m, "simulated": list(counts), "jobs": sum(len(r[1]) for r in runs)}
+            return _extrapolate(counts, steps, m), bd, runs[0][3], fold, runs[0][0]
+        counts = tuple(2 * k - m % plan.pp for k in counts)  # type: ignore[assignment]
+    run, jobs, breakdown, crit = _simulate_step(plan, contention=contention, overlap=overlap, record=record)
+    return run.makespan_s, breakdown, crit, {"microbatches": m, "simulated": [m], "jobs": len(jobs)}, run
+
+
 def simulate_pretrain(sc, *, trace_path: str | None = None, contention: bool = True,
                       overlap: bool = True) -> Result:
-    """Discrete-event simulation of one step (``fmsim.simulate`` for training kinds)."""
+    """Discrete-event simulation of one step (``fmsim.simulate`` for training kinds); past
+    :data:`FOLD_ABOVE` micro-batches the steady state is folded (:func:`simulate_folded`)."""
     plan = build_plan(sc)
-    jobs = build_jobs(plan, overlap=overlap)
-    run = run_jobs(jobs, link_capacities(plan), contention=contention, record=True)
-    breakdown, crit = _breakdown(plan, run, jobs)
+    step, breakdown, crit, fold, run = simulate_folded(plan, contention=contention, overlap=overlap)
     if trace_path:
-        write_trace(run, trace_path, plan)
-    return make_result(sc, plan, run.makespan_s, breakdown,
-                       details={"engine": "des", "critical_stage": crit, "num_jobs": len(jobs)})
+        write_trace(run, trace_path, plan, folded=fold)
+    details = {"engine": "des", "critical_stage": crit, "num_jobs": fold["jobs"]}
+    if len(fold["simulated"]) > 1:
+        details["folded"] = fold
+    return make_result(sc, plan, step, breakdown, details=details)
 
 
 def estimate_pretrain(sc) -> Result:
@@ -557,8 +631,9 @@ def estimate_pretrain(sc) -> Result:
     return make_result(sc, plan, step, breakdown, details={"engine": "analytical"})
 
 
-def write_trace(run: RunResult, path: str, plan: Plan) -> None:
-    """Chrome/Perfetto trace (JSON array format): one thread per stream, µs timestamps."""
+def write_trace(run: RunResult, path: str, plan: Plan, folded: Mapping[str, Any] | None = None) -> None:
+    """Chrome/Perfetto trace (JSON array format): one thread per stream, µs timestamps. A folded step
+    shows the shortest of its simulated runs, named so."""
     tids: dict[str, int] = {}
     events = []
     for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream)):
@@ -567,12 +642,19 @@ def write_trace(run: RunResult, path: str, plan: Plan) -> None:
                        "ts": sp.start_s * 1e6, "dur": (sp.end_s - sp.start_s) * 1e6})
     for name, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
-    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": plan.name}})
+    name = plan.name
+    if folded and len(folded.get("simulated", ())) > 1:
+        name += (f" (steady state folded: {folded['simulated'][0]} of {folded['microbatches']} micro-batches "
+                 "shown)")
+    events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}})
     Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
 
 
 __all__ = [
+    "FOLD_ABOVE",
     "build_jobs",
+    "fold_counts",
+    "simulate_folded",
     "estimate_pretrain",
     "estimate_step",
     "link_capacities",
