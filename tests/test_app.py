@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -71,7 +72,13 @@ def shown(at: AppTest) -> dict[str, str]:
 
 
 def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
+    """The elements' text as a reader sees it: Markdown backslash escapes removed."""
+    return "\n".join(unescape(str(e.value)) for e in elements)
+
+
+def unescape(markdown: str) -> str:
+    """CommonMark's backslash escapes of ASCII punctuation, undone (what the browser shows)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
 
 
 def training_expect(overrides: dict | None = None, *, engine: str = "des"):
@@ -578,3 +585,30 @@ def test_a_pipeline_or_recompute_knob_drops_activation_offloading():
     for knobs in ((("parallelism.pp", 2), ("parallelism.dp", 32)), (("parallelism.recompute", "selective"),)):
         assert logic.whatif_scenario(text, "f.yaml", knobs).parallelism.offload_activations == 0
     assert logic.whatif_scenario(text, "f.yaml", (("workload.micro_batch", 1),)).parallelism.offload_activations == 40
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 31: faces that planners can trust
+
+
+def test_messages_are_escaped_so_markdown_shows_them_as_written():
+    msg = "x.yaml: workload.global_batch: 128 is not divisible by dp*micro_batch = 3*1 = 3 [a](b) <i> $5 ~x~"
+    esc = logic.md_escape(msg)
+    assert unescape(esc) == msg
+    for ch in "*_[]<>$~":
+        assert ch not in re.sub(r"\\.", "", esc)  # every special character is escaped
+    at = open_page("1_Training.py")
+    at.number_input(key="train.nodes").set_value(12).run()
+    assert not at.exception
+    raw = "\n".join(str(e.value) for e in at.error)
+    assert r"dp\*micro\_batch = 3\*1 = 3" in raw
+
+
+def test_a_rate_that_is_not_a_number_is_a_located_message_with_its_rule():
+    text = SMALL_SERVING.format(name="rate")
+    out = logic.run_serving(text, "rate.yaml", (("traffic.rate", "fast"),), engine="analytical")
+    assert not out.ok
+    assert out.error == (
+        "rate.yaml: traffic.rate: cannot read 'fast' as a request rate (expected requests per second: "
+        "12, '12/s', '600/min', '2/h' or 'inf')"
+    )

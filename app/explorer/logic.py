@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -747,6 +748,20 @@ def delta_text(a: Any, b: Any) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # formats (what the pages show; tests compare with these)
+
+# Characters that change how Streamlit's Markdown shows a message mid-line: CommonMark's
+# emphasis, code, links and HTML, GitHub's tables and strike-through, Streamlit's LaTeX ($) and
+# colour directives (:red[..]). Each is ASCII punctuation, which CommonMark lets a backslash
+# escape, so the escaped text renders exactly as written. (Messages start with a file name, so
+# the line-start markers -, +, #, 1. never occur where they would count.)
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>$~|])")
+
+
+def md_escape(text: Any) -> str:
+    """``text`` escaped for ``st.error``/``st.info``/``st.markdown``: shown as written
+    (``dp*micro_batch = 3*1 = 3`` keeps its stars, ``ep_size`` its underscore)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text)).replace("\n", "  \n")
+
 
 _LABELS = {
     "gpus": "GPUs",

@@ -45,7 +45,7 @@ def scenario_source(prefix: str, kinds: tuple[str, ...], *, what: str, preferred
     try:
         choices = [b.label for b in cache.bundled() if b.kind in kinds]
     except Exception as exc:  # noqa: BLE001
-        st.sidebar.error(f"cannot list the bundled scenarios: {exc}")
+        st.sidebar.error(logic.md_escape(f"cannot list the bundled scenarios: {exc}"))
         choices = []
     if choices:
         key = f"{prefix}.bundled"
@@ -64,25 +64,25 @@ def scenario_source(prefix: str, kinds: tuple[str, ...], *, what: str, preferred
         try:
             return Source(label=up.name, text=logic.decode_upload(up.name, up.getvalue()))
         except fmsim.FmsimError as exc:
-            st.sidebar.error(str(exc))
+            st.sidebar.error(logic.md_escape(exc))
     if not choices:
         return None
     label = st.session_state[f"{prefix}.bundled"]
     try:
         return Source(label=label, text=cache.bundled_text(label))
     except Exception as exc:  # noqa: BLE001
-        st.sidebar.error(str(exc))
+        st.sidebar.error(logic.md_escape(exc))
         return None
 
 
 def show_error(error: str, hint: str, kind: str = "") -> None:
     """An error of the API inside the page: the message, then what to change (never a traceback)."""
     if kind == "NotBuiltError":
-        st.info(f"This simulator is not available yet: {error}")
+        st.info(f"This simulator is not available yet: {logic.md_escape(error)}")
         return
-    st.error(error, icon=":material/block:")
+    st.error(logic.md_escape(error), icon=":material/block:")
     if hint:
-        st.info(f"**What to change:** {hint}", icon=":material/lightbulb:")
+        st.info(f"**What to change:** {logic.md_escape(hint)}", icon=":material/lightbulb:")
 
 
 def base_scenario(source: Source, kinds: tuple[str, ...], other_page: str) -> Any | None:

@@ -326,7 +326,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True
     )
     sentence = r.details.get("bottleneck") or m.get("bottleneck") or ""
-    st.info(f"**Bottleneck ({m.get('bottleneck', '-')}):** {sentence}", icon=":material/search:")
+    st.info(f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}", icon=":material/search:")
     engine_line = (
         "discrete-event simulation (`fmsim run`)"
         if out.engine == "des"
@@ -341,7 +341,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     )
     st.caption(f"Numbers from the {engine_line}{extra}.")
     if out.note:
-        st.info(out.note)
+        st.info(logic.md_escape(out.note))
 
     left, right = st.columns(2)
     with left:

@@ -253,7 +253,7 @@ def main() -> None:
         if out.error_kind == "NotBuiltError":
             st.info(
                 "The serving simulator is not available in this fmsim yet "
-                f"(`fmsim.simulate` says: {out.error})."
+                f"(`fmsim.simulate` says: {logic.md_escape(out.error)})."
             )
         else:
             widgets.show_error(out.error, out.hint, out.error_kind)
@@ -357,7 +357,7 @@ def render(
             f"({logic.fmt_pct(m.get('goodput_fraction'))} of requests within every SLO)"
         )
     if r.details.get("bottleneck"):
-        st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
+        st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")
     st.caption(
         "Numbers from the "
         + (
@@ -392,7 +392,7 @@ def render(
                 "what-if's throughput. Where TTFT leaves the chart, the queue grows without bound."
             )
         else:
-            st.caption(f"No load curve: {cerr}")
+            st.caption(f"No load curve: {logic.md_escape(cerr)}")
     left, right = st.columns(2)
     with left:
         st.subheader("Memory per GPU")

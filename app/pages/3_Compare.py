@@ -44,7 +44,7 @@ def sources() -> dict[str, tuple[str, str]]:
         try:
             out[f"upload: {f.name}"] = (logic.decode_upload(f.name, f.getvalue()), f.name)
         except Exception as exc:  # noqa: BLE001
-            st.error(str(exc))
+            st.error(logic.md_escape(exc))
     for b in cache.bundled():
         if b.kind in logic.TRAINING_KINDS + logic.SERVING_KINDS:
             out[b.label] = ("", b.label)  # read when picked
@@ -86,13 +86,13 @@ def main() -> None:
                 try:
                     text = cache.bundled_text(label)
                 except Exception as exc:  # noqa: BLE001
-                    st.error(f"{label}: {exc}")
+                    st.error(logic.md_escape(f"{label}: {exc}"))
                     continue
             out = cache.any_kind(text, file, engine)
             if not out.ok:
-                st.error(f"**{label}**: {out.error}", icon=":material/block:")
+                st.error(f"**{logic.md_escape(label)}**: {logic.md_escape(out.error)}", icon=":material/block:")
                 if out.hint:
-                    st.info(f"**What to change:** {out.hint}", icon=":material/lightbulb:")
+                    st.info(f"**What to change:** {logic.md_escape(out.hint)}", icon=":material/lightbulb:")
                 continue
             runs.append((label, out.result))
             if out.note:
