@@ -612,3 +612,18 @@ def test_a_rate_that_is_not_a_number_is_a_located_message_with_its_rule():
         "rate.yaml: traffic.rate: cannot read 'fast' as a request rate (expected requests per second: "
         "12, '12/s', '600/min', '2/h' or 'inf')"
     )
+
+
+def test_a_missing_price_names_the_pricing_that_exists_in_the_cli_and_on_the_page(capsys):
+    cat = fmsim.load_catalog()
+    block = cat.price("p5e.48xlarge", "capacity-block")
+    assert cat.price("p5e.48xlarge", "on-demand") is None and block is not None
+    want = f"p5e.48xlarge has no on-demand price; pricing: capacity-block exists ({block.date})"
+    assert main(["run", str(LLAMA), "--estimate", "--set", "cluster.instance=p5e.48xlarge"]) == 0
+    assert f"no cost: {want}" in capsys.readouterr().out
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.selectbox(key="train.instance").set_value("p5e.48xlarge").run()
+    assert not at.exception
+    assert want in texts(at.warning)
+    assert shown(at)["Cost to train"] == "no price"

@@ -476,6 +476,15 @@ def load_curve(
         return [], str(exc) if isinstance(exc, fmsim.FmsimError) else f"internal error: {type(exc).__name__}"
 
 
+def price_note(result: Any) -> str:
+    """Why a result has no cost, in the words of ``fmsim.cost`` (which pricing the instance does
+    have), or "" when it has a price."""
+    if result is None or result.usd_per_hour is not None:
+        return ""
+    det = result.details if isinstance(result.details, Mapping) else {}
+    return str(det.get("price_source") or f"{result.instance} has no price for this pricing option")
+
+
 def finite(x: Any) -> float | None:
     """``x`` as a float when it is a finite number, else None (None, inf, NaN, text)."""
     if isinstance(x, bool):

@@ -325,6 +325,8 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     widgets.metric(
         c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True
     )
+    if logic.price_note(r):
+        st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")
     sentence = r.details.get("bottleneck") or m.get("bottleneck") or ""
     st.info(f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}", icon=":material/search:")
     engine_line = (
