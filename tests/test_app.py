@@ -237,7 +237,8 @@ def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     assert not at.exception
     assert at.selectbox(key="train.schedule").value == "1f1b"  # vpp 1 leaves interleaving
     assert "Does not fit in memory" in texts(at.error)
-    assert logic.OOM_HINT in texts(at.info)
+    # 582 GiB a GPU: no neighbouring plan fits, so the page says so and gives the list
+    assert "None of the neighbouring plans" in texts(at.info) and "more HBM per GPU" in texts(at.info)
     assert at.session_state["train.result"]["fits"] is False
 
 
@@ -346,7 +347,7 @@ def test_serving_slo_and_test_time_compute_knobs_reach_the_scenario():
     at.text_input(key="serve.ttft_p99").set_value("1 ms")
     at.number_input(key="serve.samples").set_value(4)
     at.selectbox(key="serve.strategy").set_value("self-consistency").run()
-    assert not at.exception and not at.error
+    assert not at.exception and "Infeasible plan" in texts(at.error)  # a 1 ms TTFT is out of reach
     doc = yaml.safe_load(at.session_state["serve.whatif_yaml"])
     assert doc["slo"]["ttft_p99"] == "1 ms"
     assert doc["test_time_compute"] == {"samples": 4, "strategy": "self-consistency"}
@@ -627,3 +628,48 @@ def test_a_missing_price_names_the_pricing_that_exists_in_the_cli_and_on_the_pag
     assert not at.exception
     assert want in texts(at.warning)
     assert shown(at)["Cost to train"] == "no price"
+
+
+def test_a_plan_that_does_not_fit_shows_no_better_arrows_and_names_a_neighbour_that_fits():
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(2).run()          # tp 2, pp 4: about 160 GiB a GPU
+    assert not at.exception
+    res = training_expect({"parallelism.tp": 2, "parallelism.dp": "auto"})
+    assert res.metrics["fits"] is False
+    assert "Infeasible plan" in texts(at.error) and "does not fit in memory" in texts(at.error)
+    metrics = {m.label: m for m in at.metric}
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in metrics.values())
+    for label in ("Step time", "Tokens/s", "Cost to train", "Time to train"):
+        assert metrics[label].proto.color == metrics[label].proto.MetricColor.GRAY, label
+    mem = metrics["Memory per GPU"]
+    assert mem.proto.color == mem.proto.MetricColor.RED and "over HBM" in mem.delta
+    hint = next(t for t in texts(at.info).splitlines() if "What to change" in t)
+    assert hint.startswith("**What to change:** Try ")
+    # the change it names does fit, by the estimate
+    named = {"recompute full": {"parallelism.recompute": "full"}, "tp 4": {"parallelism.tp": 4},
+             "pp 8": {"parallelism.pp": 8}, "ZeRO stage 2": {"parallelism.zero": 2}}
+    change = {}
+    for words, ov in named.items():
+        if f"Try {words} " in hint or f"and {words} " in hint:
+            change.update(ov)
+    assert change, hint
+    fixed = fmsim.estimate(fmsim.load_scenario(LLAMA, overrides={"parallelism.tp": 2, **change,
+                                                                 "parallelism.dp": "auto"}))
+    assert fixed.metrics["fits"] is True
+    assert logic.fmt_fit(fixed.metrics["memory_per_gpu_bytes"], fixed.metrics["hbm_per_gpu_bytes"]) in hint
+
+
+def test_a_serving_plan_that_misses_its_slo_is_marked_infeasible_without_better_arrows():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-slo-miss")
+    at.text_input(key="serve.ttft_p99").set_value("1 ms").run()
+    assert not at.exception
+    assert "Infeasible plan" in texts(at.error) and "misses its SLOs" in texts(at.error)
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
+
+
+def test_fit_suggestion_tries_the_neighbouring_plans_with_the_estimate():
+    text = LLAMA.read_text()
+    assert logic.fit_suggestion(text, "x.yaml") == ""                       # fits already: nothing
+    hint = logic.fit_suggestion(text, "x.yaml", (("parallelism.tp", 2), ("parallelism.dp", "auto")))
+    assert hint.startswith("Try ") and "it fits" in hint

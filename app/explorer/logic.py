@@ -330,6 +330,72 @@ def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
     )
 
 
+def infeasible_reason(result: Any) -> str:
+    """Why the plan of ``result`` cannot run as asked ("" when it can): it does not fit in
+    memory, misses an SLO, or leaves requests unserved. A page then shows no "better" deltas."""
+    if result is None:
+        return ""
+    m = result.metrics
+    if m.get("fits") is False:
+        return "it does not fit in memory"
+    if m.get("unfinished_requests") or m.get("rejected_requests"):
+        return "it is overloaded: requests are left unserved"
+    if m.get("slo_met") is False:
+        return "it misses its SLOs"
+    return ""
+
+
+# Neighbouring plans tried, in order, when a plan does not fit: (name, change of the scenario).
+def _neighbours(sc: Any) -> list[tuple[str, dict[str, Any]]]:
+    par, wl = sc.parallelism, sc.workload
+    out: list[tuple[str, dict[str, Any]]] = [
+        (f"tp {par.tp * 2} (now {par.tp})", {"parallelism.tp": par.tp * 2}),
+        (f"pp {par.pp * 2} (now {par.pp})", {"parallelism.pp": par.pp * 2}),
+    ]
+    nxt = {"none": "selective", "selective": "full"}.get(par.recompute)
+    if nxt:
+        out.append((f"recompute {nxt} (now {par.recompute})", {"parallelism.recompute": nxt}))
+    if par.zero < 3:
+        out.append((f"ZeRO stage {par.zero + 1} (now {par.zero})", {"parallelism.zero": par.zero + 1}))
+    if wl.micro_batch > 1:
+        mb = wl.micro_batch // 2
+        out.append((f"micro batch {mb} (now {wl.micro_batch})", {"workload.micro_batch": mb}))
+    return out
+
+
+def fit_suggestion(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> str:
+    """A concrete change that makes a plan that does not fit in memory fit: the neighbouring plans
+    (tp or pp doubled, more recompute, the next ZeRO stage, half the micro batch; then two of them
+    at once) are evaluated with ``fmsim.estimate`` in that order and the first that fits is named
+    with its memory and step time. "" when the plan fits or none of them does."""
+    base = dict(_unfreeze(overrides))
+    try:
+        sc = whatif_scenario(text, file, tuple(base.items()))
+        if fmsim.estimate(sc).metrics.get("fits", True):
+            return ""
+    except Exception:  # noqa: BLE001 - no suggestion for a plan that does not load
+        return ""
+    singles = _neighbours(sc)
+    tries = [[s] for s in singles] + [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:]]
+    for combo in tries:
+        change: dict[str, Any] = {}
+        for _, c in combo:
+            change.update(c)
+        try:
+            cand = whatif_scenario(text, file, tuple({**base, **change, "parallelism.dp": "auto"}.items()))
+            est = fmsim.estimate(cand)
+        except Exception:  # noqa: BLE001 - a neighbour that is not a valid plan is skipped
+            continue
+        m = est.metrics
+        if m.get("fits"):
+            what = " and ".join(name for name, _ in combo)
+            return (
+                f"Try {what}: it fits, {fmt_fit(m['memory_per_gpu_bytes'], m['hbm_per_gpu_bytes'])} per GPU, "
+                f"step {fmt_time(m['step_time_s'])} (analytical estimate, dp {m['dp']})."
+            )
+    return ""
+
+
 def approx_des_jobs(sc: Any, est: Any) -> int:
     """Engine jobs of a simulated training step: forward, backward and two sends per micro-batch
     and virtual stage (``fmsim/workloads/pretrain.py`` build_jobs), plus the DP buckets."""
@@ -345,6 +411,16 @@ def _wrong_kind(file: str, kind: str, what: str, other_page: str, yaml_text: str
         error_kind="KindError",
         yaml_text=yaml_text,
         hint=f"Open this scenario on the {other_page} page (or the Compare page).",
+    )
+
+
+def _oom_hint(res: Any, text: str, file: str, overrides: Sequence[tuple[str, Any]]) -> str:
+    """What to change for a result that does not fit: a neighbouring plan that fits, else the list."""
+    if res.metrics.get("fits", True):
+        return ""
+    return fit_suggestion(text, file, overrides) or (
+        "None of the neighbouring plans (tp or pp doubled, more recompute, the next ZeRO stage, half the "
+        "micro batch, or two of these) fits: " + OOM_HINT[0].lower() + OOM_HINT[1:]
     )
 
 
@@ -371,6 +447,7 @@ def run_training(
                 estimate=est,
                 engine="analytical",
                 yaml_text=yaml_text,
+                hint=_oom_hint(est, text, file, overrides),
                 timeline_note="The timeline comes from the discrete-event simulation: "
                 "choose it in the sidebar.",
             )
@@ -381,6 +458,7 @@ def run_training(
                 estimate=est,
                 engine="analytical",
                 yaml_text=yaml_text,
+                hint=_oom_hint(est, text, file, overrides),
                 note=(
                     f"The simulated step would have about {jobs:,} engine jobs "
                     f"({est.metrics.get('num_microbatches')} micro-batches per pipeline); "
@@ -395,7 +473,8 @@ def run_training(
             events = json.loads(trace.read_text())["traceEvents"] if trace.is_file() else []
         rows, tnote = timeline_rows(events)
         return Outcome(
-            result=res, estimate=est, engine="des", yaml_text=yaml_text, timeline=rows, timeline_note=tnote
+            result=res, estimate=est, engine="des", yaml_text=yaml_text, timeline=rows, timeline_note=tnote,
+            hint=_oom_hint(res, text, file, overrides),
         )
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback (issue 6)
         return failure(exc, yaml_text=yaml_text)
@@ -474,6 +553,14 @@ def load_curve(
         return points, ""
     except Exception as exc:  # noqa: BLE001
         return [], str(exc) if isinstance(exc, fmsim.FmsimError) else f"internal error: {type(exc).__name__}"
+
+
+def over_hbm(metrics: Mapping[str, Any]) -> float | None:
+    """Bytes per GPU a plan needs beyond its HBM (None when it fits)."""
+    need, have = finite(metrics.get("memory_per_gpu_bytes")), finite(metrics.get("hbm_per_gpu_bytes"))
+    if metrics.get("fits", True) or need is None or have is None or need <= have:
+        return None
+    return need - have
 
 
 def price_note(result: Any) -> str:

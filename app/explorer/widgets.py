@@ -215,8 +215,21 @@ def metric(
     *,
     lower_is_better: bool = False,
     help: str | None = None,
+    infeasible: bool = False,
 ) -> None:
-    col.metric(label, value, delta=delta, delta_color="inverse" if lower_is_better else "normal", help=help)
+    """One figure with its change against the base; an ``infeasible`` plan's changes are grey
+    (a plan that cannot run is never "better")."""
+    colour = "off" if infeasible else ("inverse" if lower_is_better else "normal")
+    col.metric(label, value, delta=delta, delta_color=colour, help=help)
+
+
+def infeasible_banner(reason: str) -> None:
+    """Said above the figures of a plan that cannot run as asked."""
+    st.error(
+        f"**Infeasible plan:** {logic.md_escape(reason)}. The figures below are what it would take, "
+        "not an improvement: their changes are greyed.",
+        icon=":material/dangerous:",
+    )
 
 
 def delta(base: Any, new: Any) -> str | None:

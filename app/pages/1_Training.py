@@ -266,15 +266,19 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"{' (vpp ' + str(m.get('vpp')) + ')' if (m.get('vpp') or 1) > 1 else ''} · dp {m['dp']} · "
         f"cp {m['cp']} · ep {m['ep']} · {m.get('num_microbatches', '?')} micro-batches per step"
     )
+    bad = logic.infeasible_reason(r)
+    if bad:
+        widgets.infeasible_banner(bad)
     if not m.get("fits", True):
         widgets.show_error(
             f"Does not fit in memory: {logic.fmt_bytes(m['memory_per_gpu_bytes'])} per GPU needed, "
             f"{logic.fmt_bytes(m['hbm_per_gpu_bytes'])} of HBM.",
-            logic.OOM_HINT,
+            out.hint or logic.OOM_HINT,
         )
     c = st.columns(4)
     widgets.metric(
-        c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True
+        c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[1],
@@ -282,6 +286,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_pct(m["mfu"]),
         d("mfu"),
         help=f"model FLOPs / peak; {m['model_tflops_per_gpu']:.0f} TFLOP/s per GPU",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -289,14 +294,17 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m["tokens_per_s"]),
         d("tokens_per_s"),
         help=f"{m['tokens_per_s_per_gpu']:,.0f} per GPU",
+        infeasible=bool(bad),
     )
+    over = logic.over_hbm(m)
     widgets.metric(
         c[3],
         "Memory per GPU",
         logic.fmt_fit(m["memory_per_gpu_bytes"], m["hbm_per_gpu_bytes"]),
-        d("memory_per_gpu_bytes"),
-        lower_is_better=True,
+        f"+{logic.fmt_bytes(over)} over HBM" if over else d("memory_per_gpu_bytes"),
+        lower_is_better=True,  # over HBM: a red rise
         help="needed on the fullest pipeline stage / HBM of one GPU",
+        infeasible=bool(bad) and not over,
     )
     c = st.columns(4)
     widgets.metric(
@@ -305,6 +313,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[1],
@@ -313,6 +322,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("cost_usd"),
         lower_is_better=True,
         help=f"{m.get('pricing_option')} price of {r.price_date or 'no date'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -321,9 +331,11 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("usd_per_hour", lambda x: x.usd_per_hour),
         lower_is_better=True,
         help=f"{m.get('pricing_option')}, price dated {r.price_date or '-'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True
+        c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
+        infeasible=bool(bad),
     )
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")

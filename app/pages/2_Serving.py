@@ -284,6 +284,9 @@ def render(
         f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {pool_text or 'tp ' + str(m.get('tp'))} · "
         f"engine {r.details.get('engine', '-')}"
     )
+    bad = logic.infeasible_reason(r)
+    if bad:
+        widgets.infeasible_banner(bad)
     if m.get("slo_met") is False:
         st.warning(
             "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
@@ -301,6 +304,7 @@ def render(
         d("ttft_p99_s"),
         lower_is_better=True,
         help="time to first token; the delta is of p99",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[1],
@@ -309,6 +313,7 @@ def render(
         d("tpot_p50_s"),
         lower_is_better=True,
         help="time per output token; the delta is of p50",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -316,6 +321,7 @@ def render(
         logic.fmt_pair(m.get("e2e_p50_s"), m.get("e2e_p99_s")),
         d("e2e_p99_s"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[3],
@@ -323,9 +329,12 @@ def render(
         logic.fmt_count(m.get("output_tokens_per_s")),
         d("output_tokens_per_s"),
         help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
+        infeasible=bool(bad),
     )
     c = st.columns(4)
-    widgets.metric(c[0], "Requests/s", logic.fmt_count(m.get("requests_per_s")), d("requests_per_s"))
+    widgets.metric(
+        c[0], "Requests/s", logic.fmt_count(m.get("requests_per_s")), d("requests_per_s"), infeasible=bool(bad)
+    )
     widgets.metric(
         c[1],
         "$ per M output tokens",
@@ -333,6 +342,7 @@ def render(
         d("usd_per_million_output_tokens"),
         lower_is_better=True,
         help=f"{r.details.get('pricing_option', '')} price dated {r.price_date or '-'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -340,6 +350,7 @@ def render(
         logic.fmt_usd(m.get("usd_per_query")),
         d("usd_per_query"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     kv = m.get("kv_utilization_mean")
     peak = m.get("kv_utilization_peak")
@@ -349,6 +360,7 @@ def render(
         f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
         d("kv_utilization_mean"),
         help="share of the KV-cache blocks in use",
+        infeasible=bool(bad),
     )
     if m.get("slo_met") is not None:
         st.caption(
