@@ -169,6 +169,45 @@ def scenario_yaml(sc: Any) -> str:
     return head + yaml.safe_dump(scenario_to_mapping(sc), sort_keys=False, allow_unicode=True, width=100)
 
 
+def whatif_name(base_name: str, typed: Any, changed: bool) -> str:
+    """The what-if's scenario name: the one typed, else the base's with ``-whatif`` once a knob
+    moved (so a downloaded or kept what-if is never mistaken for its base), else the base's."""
+    typed = str(typed or "").strip()
+    return typed or (f"{base_name}-whatif" if changed else base_name)
+
+
+def whatif_yaml(sc: Any, result: Any, engine: str, changed: bool) -> str:
+    """The what-if as the scenario file the page offers for download, fit for ``fmsim check``.
+
+    Unchanged, it is the base scenario. Once a knob moved, the base's ``measured:`` values (a
+    published run of the base layout) are dropped, and its ``expect:`` bands (the base's numbers)
+    are re-derived: each column the base checked gets this what-if's own simulated value with the
+    base's tolerance, so ``fmsim check FILE`` re-runs the simulation and passes while fmsim's
+    numbers stay. When the page showed the analytical estimate the bands are dropped instead
+    (``fmsim check`` runs the simulation, whose numbers the page did not compute).
+    """
+    data = scenario_to_mapping(sc)
+    head = "# fmsim scenario saved by the what-if explorer (fmsim app); run it with: fmsim run FILE\n"
+    if changed:
+        data.pop("measured", None)
+        base_expect = data.pop("expect", None) or {}
+        bands = {}
+        if engine == "des" and result is not None:
+            for col, band in base_expect.items():
+                v = finite(result.metrics.get(col))
+                if v is not None and not isinstance(result.metrics.get(col), bool):
+                    bands[col] = {"value": v, "rel_tol": band.get("rel_tol", 0.03), "abs_tol": band.get("abs_tol", 0.0)}
+        if bands:
+            data["expect"] = bands
+            head += (
+                "# expect: this what-if's own simulated numbers (fmsim " + fmsim.__version__ + "), with the base "
+                "scenario's tolerances: a regression check, not a measurement\n"
+            )
+        elif base_expect:
+            head += "# expect: the base scenario's bands were dropped (they checked the base's numbers)\n"
+    return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+
+
 _MAP = "__mapping__"
 
 
@@ -441,12 +480,13 @@ def run_training(
         if sc.workload.kind not in TRAINING_KINDS:
             return _wrong_kind(file, sc.workload.kind, "training", "Serving", yaml_text)
         est = fmsim.estimate(sc)
+        changed = bool(overrides)
         if engine != "des":
             return Outcome(
                 result=est,
                 estimate=est,
                 engine="analytical",
-                yaml_text=yaml_text,
+                yaml_text=whatif_yaml(sc, est, "analytical", changed),
                 hint=_oom_hint(est, text, file, overrides),
                 timeline_note="The timeline comes from the discrete-event simulation: "
                 "choose it in the sidebar.",
@@ -457,7 +497,7 @@ def run_training(
                 result=est,
                 estimate=est,
                 engine="analytical",
-                yaml_text=yaml_text,
+                yaml_text=whatif_yaml(sc, est, "analytical", changed),
                 hint=_oom_hint(est, text, file, overrides),
                 note=(
                     f"The simulated step would have about {jobs:,} engine jobs "
@@ -473,7 +513,8 @@ def run_training(
             events = json.loads(trace.read_text())["traceEvents"] if trace.is_file() else []
         rows, tnote = timeline_rows(events)
         return Outcome(
-            result=res, estimate=est, engine="des", yaml_text=yaml_text, timeline=rows, timeline_note=tnote,
+            result=res, estimate=est, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed),
+            timeline=rows, timeline_note=tnote,
             hint=_oom_hint(res, text, file, overrides),
         )
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback (issue 6)
@@ -490,10 +531,14 @@ def run_serving(
         yaml_text = scenario_yaml(sc)
         if sc.workload.kind not in SERVING_KINDS:
             return _wrong_kind(file, sc.workload.kind, "serving", "Training", yaml_text)
+        changed = bool(overrides)
         if engine == "des":
-            return Outcome(result=fmsim.simulate(sc), engine="des", yaml_text=yaml_text)
+            res = fmsim.simulate(sc)
+            return Outcome(result=res, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed))
         est = fmsim.estimate(sc)
-        return Outcome(result=est, estimate=est, engine="analytical", yaml_text=yaml_text)
+        return Outcome(
+            result=est, estimate=est, engine="analytical", yaml_text=whatif_yaml(sc, est, "analytical", changed)
+        )
     except Exception as exc:  # noqa: BLE001
         return failure(exc, yaml_text=yaml_text)
 

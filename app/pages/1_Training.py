@@ -21,7 +21,6 @@ INLINE = " (inline, from the scenario)"
 FIXED = "fixed price from the scenario"
 # knob -> dotted scenario path
 PATHS = {
-    "name": "name",
     "model": "workload.model",
     "instance": "cluster.instance",
     "nodes": "cluster.nodes",
@@ -55,7 +54,7 @@ def knob_defaults(sc, cat) -> dict:
     in_catalog = cat.models.get(model.name) == model
     par = sc.parallelism
     return {
-        "name": sc.name,
+        "name": "",  # empty: the base's name, with -whatif once a knob moves (logic.whatif_name)
         "model": model.name if in_catalog else model.name + INLINE,
         "instance": sc.cluster.instance.name,
         "nodes": int(sc.cluster.nodes),
@@ -91,7 +90,7 @@ def knob_value(knob: str):
     return v
 
 
-def overrides_from(defaults: dict) -> tuple:
+def overrides_from(defaults: dict, sc) -> tuple:
     """The knobs that differ from the base scenario, as scenario overrides (cache key)."""
     out = {}
     for knob, path in PATHS.items():
@@ -106,6 +105,9 @@ def overrides_from(defaults: dict) -> tuple:
             out[path] = "megatron"
     if out:
         out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
+    name = logic.whatif_name(sc.name, knob_value("name"), changed=bool(out))
+    if name != sc.name:
+        out["name"] = name
     return logic.as_overrides(out)
 
 
@@ -122,7 +124,13 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input("What-if name", key=f"{P}.name")
+    sb.text_input(
+        "What-if name",
+        key=f"{P}.name",
+        placeholder="the scenario's name + '-whatif'",
+        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
+        "'-whatif' once a knob moves.",
+    )
     models = sorted(cat.models)
     if defaults["model"].endswith(INLINE):
         models = [defaults["model"], *models]
@@ -233,20 +241,21 @@ def main() -> None:
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
-    overrides = overrides_from(defaults)
+    overrides = overrides_from(defaults, sc)
     with st.spinner("Simulating…"):
         out = cache.training(source.text, source.label, overrides, engine, limit)
         base = cache.training(source.text, source.label, (), engine, limit) if overrides else out
+    n_changed = sum(1 for k, _ in overrides if k not in ("name", "parallelism.dp"))
     st.caption(
         f"Base scenario: **{source.label}** — {sc.description or sc.name}"
-        + (f" · {len(overrides) - 1} knob{'s' * (len(overrides) > 2)} changed" if overrides else "")
+        + (f" · {n_changed} knob{'s' * (n_changed > 1)} changed" if n_changed else "")
     )
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
     if not out.ok:
         widgets.show_error(out.error, out.hint, out.error_kind)
         st.session_state[f"{P}.result"] = None
         return
-    render(out, base if base.ok else None, knob_value("name") or sc.name)
+    render(out, base if base.ok else None, dict(overrides).get("name", sc.name))
 
 
 def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:

@@ -25,7 +25,6 @@ STRATEGIES = ["none", "self-consistency", "best-of-n", "sequential-revision"]
 INLINE = " (inline, from the scenario)"
 FIXED = "fixed price from the scenario"
 SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of kind: inference)
-    "name": "name",
     "model": "workload.model",
     "instance": "cluster.instance",
     "nodes": "cluster.nodes",
@@ -74,7 +73,7 @@ def knob_defaults(sc, cat) -> dict:
     slo = _flat_slo(ex.get("slo"))
     reps = sv.get("replicas")
     return {
-        "name": sc.name,
+        "name": "",  # empty: the base's name, with -whatif once a knob moves (logic.whatif_name)
         "model": model.name if cat.models.get(model.name) == model else model.name + INLINE,
         "instance": sc.cluster.instance.name,
         "nodes": int(sc.cluster.nodes),
@@ -121,8 +120,6 @@ def overrides_from(defaults: dict, sc) -> tuple:
             v = v or "auto"
         elif knob in ("concurrency", "requests"):
             v = v or None
-        elif knob == "name":
-            v = str(v).strip()
         out[path] = v
     if ss[f"{P}.arrival"] != defaults["arrival"]:
         if ss[f"{P}.arrival"] != "closed-loop":
@@ -153,6 +150,9 @@ def overrides_from(defaults: dict, sc) -> tuple:
         out["test_time_compute"] = ttc
     if out:
         out["parallelism.dp"] = "auto"
+    name = logic.whatif_name(sc.name, ss[f"{P}.name"], changed=bool(out))
+    if name != sc.name:
+        out["name"] = name
     return logic.as_overrides(out)
 
 
@@ -160,7 +160,13 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input("What-if name", key=f"{P}.name")
+    sb.text_input(
+        "What-if name",
+        key=f"{P}.name",
+        placeholder="the scenario's name + '-whatif'",
+        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
+        "'-whatif' once a knob moves.",
+    )
     models = sorted(cat.models)
     if defaults["model"].endswith(INLINE):
         models = [defaults["model"], *models]
@@ -264,7 +270,7 @@ def main() -> None:
         base if base.ok and base is not out else None,
         source,
         overrides,
-        st.session_state[f"{P}.name"] or sc.name,
+        dict(overrides).get("name", sc.name),
     )
 
 
