@@ -701,3 +701,22 @@ def test_a_downloaded_whatif_takes_its_name_passes_fmsim_check_and_simulates_to_
     at.radio(key="train.engine").set_value("analytical estimate").run()
     doc = yaml.safe_load(at.session_state["train.whatif_yaml"])
     assert doc["name"] == "llama3-70b-p5-whatif" and "expect" not in doc
+
+
+def test_compare_says_what_each_plan_is_and_its_chart_axis_carries_the_unit():
+    at = open_page("3_Compare.py")
+    picked = at.multiselect(key="compare.picked").value
+    table = at.dataframe[0].value.set_index("metric")
+    for p in picked:
+        sc = fmsim.load_scenario(ROOT / "scenarios" / p)
+        res = fmsim.simulate(sc)
+        col = table[p]
+        assert col["Model"] == sc.workload.model.name and col["Instance"] == res.instance
+        assert col["Nodes"] == f"{res.nodes:,} ({res.gpus:,} GPUs)"
+        for axis in ("tp", "pp", "dp", "cp", "ep"):
+            assert f"{axis} {res.metrics[axis]}" in col["Parallelism"]
+        assert col["Precision"] == sc.workload.precision
+        assert col["Pricing"] == f"{res.metrics['pricing_option']} ({res.price_date})"
+    assert table[f"Δ {picked[1]}"]["Model"] == "changed"
+    spec = at.get("vega_lite_chart")[0].proto.spec
+    assert '"title": "Step time (s)"' in spec or '"title":"Step time (s)"' in spec

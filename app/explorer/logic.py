@@ -844,10 +844,65 @@ COMPARE_SERVING = (
 )
 
 
-def compare_table(runs: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Rows ``{metric, <run>: shown value, Δ <run>: change against the first run}``, side by side."""
+def plan_summary(sc: Any, result: Any) -> dict[str, str]:
+    """What a plan is, as the Compare page's first rows show it: model, instance, nodes, the
+    parallel layout, precision and pricing (from the result where it says, else the scenario)."""
+    m = result.metrics if result is not None else {}
+    det = result.details if result is not None and isinstance(result.details, Mapping) else {}
+    par = sc.parallelism
+    axes = " · ".join(f"{a} {m.get(a) if m.get(a) is not None else getattr(par, a)}"
+                      for a in ("tp", "pp", "dp", "cp", "ep"))
+    if (m.get("vpp") or 1) > 1:
+        axes += f" (vpp {m['vpp']})"
+    option = m.get("pricing_option") or det.get("pricing_option") or sc.pricing.option or "explicit"
+    date = getattr(result, "price_date", "") or ""
+    return {
+        "Model": sc.workload.model.name,
+        "Instance": result.instance if result is not None else sc.cluster.instance.name,
+        "Nodes": f"{result.nodes:,} ({result.gpus:,} GPUs)" if result is not None else f"{sc.cluster.nodes:,}",
+        "Parallelism": axes,
+        "Precision": str(m.get("precision") or sc.workload.precision),
+        "Pricing": f"{option} ({date})" if date else f"{option} (no price)",
+    }
+
+
+# The unit each charted column is drawn in: (scale from the column's SI value, unit).
+_CHART_UNITS = {
+    "mfu": (100.0, "%"),
+    "tokens_per_s": (1.0, "tokens/s"),
+    "output_tokens_per_s": (1.0, "tokens/s"),
+    "cost_usd": (1.0, "$"),
+    "usd_per_hour": (1.0, "$/h"),
+    "usd_per_million_output_tokens": (1.0, "$ per M tokens"),
+    "time_to_train_s": (1 / 86400.0, "days"),
+}
+
+
+def chart_value(col: str, v: Any) -> tuple[float | None, str]:
+    """A column's value in the unit its chart axis shows, and the axis title with the unit
+    (``Step time (s)``, ``MFU (%)``, ``Time to train (days)``)."""
+    scale, unit = _CHART_UNITS.get(col, (1.0, "s" if col.endswith("_s") else ""))
+    x = finite(v)
+    title = f"{label_of(col)} ({unit})" if unit else label_of(col)
+    return (None if x is None else x * scale), title
+
+
+def compare_table(
+    runs: Sequence[tuple[str, Any]], plans: Sequence[Mapping[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """Rows ``{metric, <run>: shown value, Δ <run>: change against the first run}``, side by side;
+    with ``plans`` (one :func:`plan_summary` a run) the first rows say what each plan is."""
     if not runs:
         return []
+    head: list[dict[str, Any]] = []
+    if plans is not None and len(plans) == len(runs):
+        for what in plans[0]:
+            row: dict[str, Any] = {"metric": what}
+            for (name, _), plan in zip(runs, plans):
+                row[name] = plan.get(what, "-")
+            for (name, _), plan in zip(runs[1:], plans[1:]):
+                row[f"Δ {name}"] = "same" if plan.get(what) == plans[0].get(what) else "changed"
+            head.append(row)
     kinds = {r.kind for _, r in runs}
     cols: list[str] = []
     if kinds & set(TRAINING_KINDS):
@@ -863,7 +918,7 @@ def compare_table(runs: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
         for name, res in runs[1:]:
             row[f"Δ {name}"] = delta_text(_value(first, col), _value(res, col))
         table.append(row)
-    return table
+    return head + table
 
 
 def _value(res: Any, col: str) -> Any:

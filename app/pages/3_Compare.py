@@ -78,7 +78,7 @@ def main() -> None:
         st.info("Pick two or more scenarios to compare.")
         return
     engine = widgets.chosen_engine(P, ENGINES)
-    runs, notes = [], []
+    runs, notes, plans = [], [], []
     with st.spinner("Simulating…"):
         for label in picked:
             text, file = avail[label]
@@ -95,13 +95,15 @@ def main() -> None:
                     st.info(f"**What to change:** {logic.md_escape(out.hint)}", icon=":material/lightbulb:")
                 continue
             runs.append((label, out.result))
+            sc, _, _ = cache.base(text, file)
+            plans.append(logic.plan_summary(sc, out.result) if sc is not None else {})
             if out.note:
                 notes.append(f"{label}: {out.note}")
             elif out.engine != engine:
                 notes.append(f"{label}: {out.engine}")
     if not runs:
         return
-    st.session_state[f"{P}.table"] = logic.compare_table(runs)
+    st.session_state[f"{P}.table"] = logic.compare_table(runs, plans)
     st.dataframe(st.session_state[f"{P}.table"], hide_index=True, width="stretch")
     st.caption(f"Δ: the change against the first scenario, {picked[0]}.")
     for n in notes:
@@ -109,12 +111,12 @@ def main() -> None:
     cols = [c for c in CHART_METRICS if any(logic.finite(r.get(c)) is not None for _, r in runs)]
     if cols:
         col = st.selectbox("Chart", cols, format_func=logic.label_of, key=f"{P}.chart")
-        data = [{"scenario": label, "value": logic.finite(r.get(col))} for label, r in runs]
+        data = [{"scenario": label, "value": logic.chart_value(col, r.get(col))[0]} for label, r in runs]
         st.altair_chart(
             alt.Chart(pd.DataFrame(data))
             .mark_bar()
             .encode(
-                x=alt.X("value:Q", title=logic.label_of(col)),
+                x=alt.X("value:Q", title=logic.chart_value(col, None)[1]),
                 y=alt.Y("scenario:N", sort=None, title=None, axis=alt.Axis(labelLimit=400)),
                 tooltip=["scenario:N", alt.Tooltip("value:Q", format=".4~g")],
             )
