@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import re
 import sys
@@ -34,7 +35,7 @@ LLAMA = EXAMPLES / "llama3-70b-p5.yaml"
 if str(APP) not in sys.path:
     sys.path.insert(0, str(APP))
 
-from explorer import logic
+from explorer import charts, logic
 
 TIMEOUT_S = 60  # generous per-run bound on a loaded 2-core machine; not a timing assertion
 
@@ -720,3 +721,35 @@ def test_compare_says_what_each_plan_is_and_its_chart_axis_carries_the_unit():
     assert table[f"Δ {picked[1]}"]["Model"] == "changed"
     spec = at.get("vega_lite_chart")[0].proto.spec
     assert '"title": "Step time (s)"' in spec or '"title":"Step time (s)"' in spec
+
+
+def test_offered_rate_reads_the_forms_the_traffic_section_takes():
+    from fmsim.workloads.inference_spec import _parse_rate_per_s
+
+    for rate in (12, 2.5, "12/s", "600/min", "7200/h", "30 qps", "4rps", "1e2/s"):
+        sc = logic.load_base(SMALL_SERVING.format(name="r").replace("rate: 20/s", f"rate: {rate}"), "r.yaml")
+        assert logic.offered_rate(sc) == pytest.approx(_parse_rate_per_s(rate)), rate
+    closed = SMALL_SERVING.format(name="c").replace("arrival: poisson, rate: 20/s", "concurrency: 4")
+    assert logic.offered_rate(logic.load_base(closed, "c.yaml")) is None
+
+
+def test_serving_load_curve_says_it_is_the_estimate_marks_the_offered_load_and_overload():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-load")
+    assert not texts(at.warning)                                   # 20/s: well within the plan
+    titles = [h.value for h in at.subheader]
+    assert "Throughput against load (analytical estimate)" in titles
+    assert "discrete-event simulation's, so they can differ" in texts(at.caption)
+    curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
+    spec = charts.load_curve(curve, 20.0).to_dict()
+    marks = [layer["mark"]["type"] for layer in spec["layer"]]
+    assert marks[0] == "rect" and "rule" in marks and "text" in marks      # overload band, offered load
+    assert "offered 20/s" in json.dumps(spec["datasets"])
+    at.text_input(key="serve.rate").set_value("1000/s").run()
+    assert not at.exception
+    curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
+    cap = curve[0]["saturation_requests_per_s"]
+    assert cap < 1000 and [p["overloaded"] for p in curve] == [p["offered_requests_per_s"] > cap for p in curve]
+    assert "Overloaded: 1 k/s offered" in texts(at.warning) and logic.fmt_count(cap, "/s") in texts(at.warning)
+    assert "Infeasible plan" in texts(at.error)
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)

@@ -149,8 +149,9 @@ def latency_cdf(points: list[dict[str, Any]]) -> alt.Chart:
     )
 
 
-def load_curve(points: list[dict[str, Any]], current_rate: float | None) -> alt.LayerChart:
-    """Output tokens/s and p99 TTFT against offered requests/s (two axes), current load marked."""
+def load_curve(points: list[dict[str, Any]], offered_rate: float | None) -> alt.LayerChart:
+    """Output tokens/s and p99 TTFT against offered requests/s (two axes): the what-if's offered
+    load marked (dashed, labelled) and the overload region past the saturation rate shaded."""
     base = alt.Chart(pd.DataFrame(points)).encode(
         x=alt.X("offered_requests_per_s:Q", title="offered load (requests/s)")
     )
@@ -168,11 +169,24 @@ def load_curve(points: list[dict[str, Any]], current_rate: float | None) -> alt.
             alt.Tooltip("ttft_p99_s:Q", format=".4~g"),
         ],
     )
-    layers = [tput, ttft]
-    if current_rate:
+    layers: list[Any] = []
+    cap = points[0].get("saturation_requests_per_s") if points else None
+    top = max(p["offered_requests_per_s"] for p in points) if points else None
+    if cap and top and top > cap:  # overload: offered past the saturation rate
         layers.append(
-            alt.Chart(pd.DataFrame([{"offered_requests_per_s": current_rate}]))
-            .mark_rule(color="#888")
-            .encode(x="offered_requests_per_s:Q")
+            alt.Chart(pd.DataFrame([{"x": cap, "x2": top, "what": "overload (offered past saturation)"}]))
+            .mark_rect(color="#d62728", opacity=0.12)
+            .encode(x="x:Q", x2="x2:Q", tooltip=["what:N", alt.Tooltip("x:Q", title="saturation", format=".3~g")])
+        )
+    layers += [tput, ttft]
+    if offered_rate:
+        mark = pd.DataFrame([{"offered_requests_per_s": offered_rate, "label": f"offered {offered_rate:.3g}/s"}])
+        layers.append(
+            alt.Chart(mark).mark_rule(color="#555", strokeDash=[6, 3], size=2).encode(x="offered_requests_per_s:Q")
+        )
+        layers.append(
+            alt.Chart(mark)
+            .mark_text(align="left", dx=4, dy=-6, color="#555", baseline="bottom")
+            .encode(x="offered_requests_per_s:Q", y=alt.value(12), text="label:N")
         )
     return alt.layer(*layers).resolve_scale(y="independent").properties(height=320)

@@ -263,6 +263,7 @@ class Outcome:
     yaml_text: str = ""  # the what-if scenario as YAML (when it validated)
     timeline: tuple[tuple[str, float, float, str, str], ...] = ()  # (lane, start_s, end_s, category, label)
     timeline_note: str = ""
+    offered_requests_per_s: float | None = None  # serving: the open-loop rate the what-if offers
 
     @property
     def ok(self) -> bool:
@@ -369,9 +370,10 @@ def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
     )
 
 
-def infeasible_reason(result: Any) -> str:
+def infeasible_reason(result: Any, offered: float | None = None, saturation: float | None = None) -> str:
     """Why the plan of ``result`` cannot run as asked ("" when it can): it does not fit in
-    memory, misses an SLO, or leaves requests unserved. A page then shows no "better" deltas."""
+    memory, misses an SLO, leaves requests unserved or serves less than the ``offered`` rate
+    (see :func:`overload`). A page then shows no "better" deltas."""
     if result is None:
         return ""
     m = result.metrics
@@ -381,6 +383,8 @@ def infeasible_reason(result: Any) -> str:
         return "it is overloaded: requests are left unserved"
     if m.get("slo_met") is False:
         return "it misses its SLOs"
+    if offered and overload(result, offered, saturation):
+        return "it is overloaded: it serves less than the offered load"
     return ""
 
 
@@ -532,12 +536,15 @@ def run_serving(
         if sc.workload.kind not in SERVING_KINDS:
             return _wrong_kind(file, sc.workload.kind, "serving", "Training", yaml_text)
         changed = bool(overrides)
+        offered = offered_rate(sc)
         if engine == "des":
             res = fmsim.simulate(sc)
-            return Outcome(result=res, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed))
+            return Outcome(result=res, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed),
+                           offered_requests_per_s=offered)
         est = fmsim.estimate(sc)
         return Outcome(
-            result=est, estimate=est, engine="analytical", yaml_text=whatif_yaml(sc, est, "analytical", changed)
+            result=est, estimate=est, engine="analytical", yaml_text=whatif_yaml(sc, est, "analytical", changed),
+            offered_requests_per_s=offered,
         )
     except Exception as exc:  # noqa: BLE001
         return failure(exc, yaml_text=yaml_text)
@@ -556,6 +563,42 @@ def run_any(
     return run_training(text, file, engine=engine, des_job_limit=des_job_limit)
 
 
+_RATE = re.compile(r"([0-9.eE+-]+)(/s|/min|/h|qps|rps)?")
+_PER = {None: 1.0, "/s": 1.0, "qps": 1.0, "rps": 1.0, "/min": 60.0, "/h": 3600.0}
+
+
+def offered_rate(sc: Any) -> float | None:
+    """Requests per second the what-if's open-loop traffic offers (``traffic.rate``: 12, ``'12/s'``,
+    ``'600/min'``, ``'2/h'``, the forms of ``kind: inference``); None for closed-loop or offline
+    traffic, or a rate the scenario check refuses (it then says why)."""
+    tr = sc.extra.get("traffic") if isinstance(sc.extra, Mapping) else None
+    if not isinstance(tr, Mapping) or tr.get("arrival") in ("closed-loop", "offline") or tr.get("concurrency"):
+        return None
+    v = tr.get("rate")
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return finite(v)
+    m = _RATE.fullmatch(str(v).strip().replace(" ", ""))
+    return finite(float(m.group(1)) / _PER[m.group(2)]) if m else None
+
+
+def overload(result: Any, offered: float | None, saturation: float | None = None) -> str:
+    """A sentence when the plan serves less than it is offered (else ""): requests left unserved
+    by the simulation, or an offered rate past the saturation rate of the analytical estimate
+    (where its served rate falls short of the offered one). A finite simulated run's own served
+    rate is no test: its fill and drain put it below the offered rate even with room to spare."""
+    m = result.metrics
+    left = (m.get("unfinished_requests") or 0) + (m.get("rejected_requests") or 0)
+    if left:
+        return (f"Overloaded: {m.get('unfinished_requests') or 0} requests unfinished and "
+                f"{m.get('rejected_requests') or 0} rejected within the simulated horizon.")
+    if offered and saturation and offered > saturation:
+        return (f"Overloaded: {fmt_count(offered, '/s')} offered, past the {fmt_count(saturation, '/s')} "
+                "this plan serves at saturation (analytical estimate): the queue grows without bound.")
+    return ""
+
+
 def load_curve(
     text: str,
     file: str,
@@ -565,7 +608,8 @@ def load_curve(
     """Throughput and latency against offered load, from the analytical serving estimate.
 
     The saturation rate comes from the same scenario with ``traffic.arrival: offline``; the curve
-    is Poisson traffic at ``fractions`` of it. Returns ``(points, error)``; never raises.
+    is Poisson traffic at ``fractions`` of it, each point flagged ``overloaded`` when the offered
+    rate passes the saturation rate. Returns ``(points, error)``; never raises.
     """
     base = dict(_unfreeze(overrides))
     free = {"traffic.concurrency": None, "traffic.burstiness": None, "traffic.think_time": None}
@@ -587,6 +631,8 @@ def load_curve(
             m = fmsim.estimate(sc).metrics
             points.append(
                 {
+                    "saturation_requests_per_s": cap,
+                    "overloaded": f > 1.0,
                     "offered_requests_per_s": rate,
                     "requests_per_s": finite(m.get("requests_per_s")),
                     "output_tokens_per_s": finite(m.get("output_tokens_per_s")),

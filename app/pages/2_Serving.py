@@ -290,18 +290,19 @@ def render(
         f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {pool_text or 'tp ' + str(m.get('tp'))} · "
         f"engine {r.details.get('engine', '-')}"
     )
-    bad = logic.infeasible_reason(r)
+    curve, cerr = cache.load_curve(source.text, source.label, overrides)
+    offered = out.offered_requests_per_s
+    saturation = curve[0]["saturation_requests_per_s"] if curve else None
+    bad = logic.infeasible_reason(r, offered, saturation)
     if bad:
         widgets.infeasible_banner(bad)
     if m.get("slo_met") is False:
         st.warning(
             "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
         )
-    if m.get("unfinished_requests") or m.get("rejected_requests"):
-        st.warning(
-            f"Overloaded: {m.get('unfinished_requests') or 0} requests unfinished and "
-            f"{m.get('rejected_requests') or 0} rejected within the simulated horizon."
-        )
+    over = logic.overload(r, offered, saturation)
+    if over:
+        st.warning(logic.md_escape(over), icon=":material/speed:")
     c = st.columns(4)
     widgets.metric(
         c[0],
@@ -400,14 +401,19 @@ def render(
                 rows.append({"latency": metric, **vals})
         st.dataframe(rows, hide_index=True, width="stretch")
     with right:
-        st.subheader("Throughput against load")
-        curve, cerr = cache.load_curve(source.text, source.label, overrides)
+        st.subheader("Throughput against load (analytical estimate)")
         if curve:
-            rate = logic.finite(m.get("requests_per_s"))
-            st.altair_chart(charts.load_curve(curve, rate), width="stretch")
+            st.altair_chart(charts.load_curve(curve, offered), width="stretch")
+            engine_words = (
+                "the numbers above are the discrete-event simulation's, so they can differ"
+                if out.engine == "des"
+                else "the same engine as the numbers above"
+            )
             st.caption(
-                "Analytical estimate at fractions of the saturation rate; the grey line is this "
-                "what-if's throughput. Where TTFT leaves the chart, the queue grows without bound."
+                f"The curve is the analytical estimate (`fmsim run --estimate`) at fractions of its "
+                f"saturation rate, {logic.fmt_count(saturation, '/s')}; {engine_words}. The dashed line "
+                "marks this what-if's offered load; the red band is overload (offered past saturation), "
+                "where the queue grows without bound."
             )
         else:
             st.caption(f"No load curve: {logic.md_escape(cerr)}")
