@@ -753,3 +753,64 @@ def test_serving_load_curve_says_it_is_the_estimate_marks_the_offered_load_and_o
     assert "Overloaded: 1 k/s offered" in texts(at.warning) and logic.fmt_count(cap, "/s") in texts(at.warning)
     assert "Infeasible plan" in texts(at.error)
     assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
+
+
+def test_state_survives_switching_pages_and_the_link_reproduces_the_page():
+    at = open_page("1_Training.py")
+    mixtral = "examples/mixtral-8x22b-p6-b200.yaml"
+    at.selectbox(key="train.bundled").set_value(mixtral).run()
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.number_input(key="train.moe_imbalance").set_value(1.5).run()
+    assert not at.exception and not at.error
+    step = shown(at)["Step time"]
+    assert dict(at.query_params) == {"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5"}
+    for page in ("2_Serving.py", "3_Compare.py", "1_Training.py"):
+        at.switch_page(f"pages/{page}")
+        at.run()
+        assert not at.exception
+    assert at.selectbox(key="train.bundled").value == mixtral
+    assert at.radio(key="train.engine").value == "analytical estimate"
+    assert at.number_input(key="train.moe_imbalance").value == 1.5
+    assert shown(at)["Step time"] == step
+    # a colleague opens the link: a new session with the same query parameters
+    other = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
+    other.query_params.update({"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5", "tp": "x"})
+    other.switch_page("pages/1_Training.py")
+    other.run()
+    assert not other.exception
+    assert other.selectbox(key="train.bundled").value == mixtral
+    assert shown(other)["Step time"] == step
+    assert "tp=x (expected a whole number): ignored" in texts(other.warning)
+
+
+def test_knobs_from_url_read_each_knob_as_its_type_and_refuse_what_it_does_not_take():
+    defaults = {"tp": 8, "moe_imbalance": 1.0, "sequence_parallel": True, "recompute": "selective", "name": ""}
+    params = logic.url_params(defaults, {**defaults, "tp": 4, "sequence_parallel": False}, scenario="a.yaml")
+    assert params == {"scenario": "a.yaml", "tp": "4", "sequence_parallel": "false"}
+    values, ignored = logic.knobs_from_url(defaults, {**params, "recompute": "most", "zz": "1", "moe_imbalance": "nan"},
+                                           {"recompute": ["none", "selective", "full"], "tp": [1, 2, 4, 8]})
+    assert values == {"tp": 4, "sequence_parallel": False}
+    assert ignored == ["recompute=most (not one of the knob's choices)", "zz=1 (no such knob)",
+                       "moe_imbalance=nan (expected a number)"]
+
+
+def test_an_upload_and_the_bundled_picker_never_silently_override_each_other():
+    at = open_page("1_Training.py")
+    mine = LLAMA.read_text().replace("name: llama3-70b-p5", "name: mine").replace("nodes: 8", "nodes: 16")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.file_uploader(key="train.upload").set_value(("mine.yaml", mine.encode(), "application/x-yaml")).run()
+    assert not at.exception and not at.error
+    line = texts(at.caption)
+    assert "Scenario in use: uploaded file **mine.yaml**" in line
+    assert "(the bundled pick examples/llama3-70b-p5.yaml is not in use)" in line
+    assert at.radio(key="train.from").value == "uploaded"
+    up = fmsim.estimate(logic.load_base(mine, "mine.yaml"))
+    assert shown(at)["Step time"] == logic.fmt_time(up.metrics["step_time_s"])
+    assert dict(at.query_params) == {}                                  # a link cannot carry the file
+    at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()
+    assert not at.exception
+    assert "Scenario in use: bundled scenario **examples/mixtral-8x22b-p6-b200.yaml**" in texts(at.caption)
+    assert at.radio(key="train.from").value == "bundled"
+    at.radio(key="train.from").set_value("uploaded").run()
+    assert "Scenario in use: uploaded file **mine.yaml**" in texts(at.caption)
+    assert shown(at)["Step time"] == logic.fmt_time(up.metrics["step_time_s"])

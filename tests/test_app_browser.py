@@ -205,3 +205,29 @@ def test_an_error_message_renders_as_written_with_its_stars_and_underscores(app_
     assert "dp*micro_batch = 3*1 = 3" in text, text
     assert alert.locator("em").count() == 0
     _keep(page, tmp_path, "training-escaped-error.png")
+
+
+def test_a_reload_and_a_shared_link_keep_the_scenario_and_every_knob(app_url, browser, page, tmp_path):
+    url = app_url[0]
+    page.goto(f"{url}/Training", timeout=START_TIMEOUT_S * 1000)
+    before = _metric(page, "Step time")
+    thumb = page.locator('.st-key-train-tp input[type="range"]')
+    thumb.focus()
+    thumb.press("ArrowLeft")  # tp 8 -> 4
+    after = _wait_metric_change(page, "Step time", before)
+    # the address bar follows the knobs as soon as the run ends (a short wait: it fails fast)
+    page.wait_for_function("() => location.search.includes('tp=4')", timeout=15_000)
+    assert "scenario=examples%2Fllama3-70b-p5.yaml" in page.url
+    link = page.url
+    page.reload()
+    assert _metric(page, "Step time") == after
+    assert page.locator('.st-key-train-tp input[type="range"]').get_attribute("aria-valuetext") == "4"
+    # a colleague's browser (a new page, a new session) opening the link sees the same what-if
+    other = browser.new_page()
+    try:
+        other.goto(link, timeout=START_TIMEOUT_S * 1000)
+        assert _metric(other, "Step time") == after
+        assert other.locator('.st-key-train-tp input[type="range"]').get_attribute("aria-valuetext") == "4"
+        _keep(other, tmp_path, "training-from-link.png")
+    finally:
+        other.close()

@@ -81,6 +81,36 @@ def knob_defaults(sc, cat) -> dict:
     }
 
 
+def knob_choices(defaults: dict, cat) -> dict:
+    """What each knob takes, for a value read from the page's link."""
+    models = sorted(cat.models) + ([defaults["model"]] if defaults["model"].endswith(INLINE) else [])
+    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+    one = logic.AtLeast(1)
+    return {
+        "model": models,
+        "instance": sorted(cat.instances),
+        "precision": widgets.with_options(list(logic.PRECISIONS), defaults["precision"]),
+        "pricing": pricing,
+        "tp": widgets.with_options(TP_OPTIONS, defaults["tp"]),
+        "cp": widgets.with_options(CP_OPTIONS, defaults["cp"]),
+        "grad_bucket": widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
+        "cp_comm": ["ring", "all-gather", "a2a"],
+        "zero": [0, 1, 2, 3],
+        "recompute": ["none", "selective", "full"],
+        "schedule": ["1f1b", "interleaved", "gpipe"],
+        "nodes": logic.AtLeast(1, 100_000),
+        "pp": logic.AtLeast(1, 1024),
+        "vpp": logic.AtLeast(1, 64),
+        "ep": logic.AtLeast(1, 1024),
+        "seq_len": one,
+        "global_batch": one,
+        "micro_batch": one,
+        "moe_imbalance": logic.AtLeast(1.0),
+        "recompute_layers": logic.AtLeast(0),
+        "dp_shard": logic.AtLeast(0),
+    }
+
+
 def knob_value(knob: str):
     v = st.session_state[f"{P}.{knob}"]
     if knob == "train_tokens":
@@ -235,7 +265,9 @@ def main() -> None:
     if source is None:
         st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
         return
-    loaded = widgets.knob_scenario(P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs)
+    loaded = widgets.knob_scenario(
+        P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs, knob_choices
+    )
     if loaded is None:
         return
     sc, defaults = loaded
@@ -247,7 +279,7 @@ def main() -> None:
         base = cache.training(source.text, source.label, (), engine, limit) if overrides else out
     n_changed = sum(1 for k, _ in overrides if k not in ("name", "parallelism.dp"))
     st.caption(
-        f"Base scenario: **{source.label}** — {sc.description or sc.name}"
+        source.line(sc.description or sc.name)
         + (f" · {n_changed} knob{'s' * (n_changed > 1)} changed" if n_changed else "")
     )
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text

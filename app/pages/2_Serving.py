@@ -105,6 +105,28 @@ def knob_defaults(sc, cat) -> dict:
     }
 
 
+def knob_choices(defaults: dict, cat) -> dict:
+    """What each knob takes, for a value read from the page's link."""
+    models = sorted(cat.models) + ([defaults["model"]] if defaults["model"].endswith(INLINE) else [])
+    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+    return {
+        "model": models,
+        "instance": sorted(cat.instances),
+        "precision": widgets.with_options(list(logic.PRECISIONS), defaults["precision"]),
+        "pricing": pricing,
+        "tp": widgets.with_options(TP_OPTIONS, defaults["tp"]),
+        "arrival": widgets.with_options(ARRIVALS, defaults["arrival"]),
+        "strategy": widgets.with_options(STRATEGIES, defaults["strategy"]),
+        "nodes": logic.AtLeast(1, 100_000),
+        "replicas": logic.AtLeast(0, 100_000),
+        "ep": logic.AtLeast(1, 1024),
+        "concurrency": logic.AtLeast(0),
+        "requests": logic.AtLeast(0),
+        "samples": logic.AtLeast(1, 1024),
+        "revision_rounds": logic.AtLeast(1, 64),
+    }
+
+
 def overrides_from(defaults: dict, sc) -> tuple:
     ss = st.session_state
     out: dict[str, Any] = {}
@@ -244,7 +266,9 @@ def main() -> None:
             "Pick a bundled serving scenario or load a YAML file (`workload.kind: inference`) in the sidebar."
         )
         return
-    loaded = widgets.knob_scenario(P, source, logic.SERVING_KINDS, "Training", knob_defaults, draw_knobs)
+    loaded = widgets.knob_scenario(
+        P, source, logic.SERVING_KINDS, "Training", knob_defaults, draw_knobs, knob_choices
+    )
     if loaded is None:
         return
     sc, defaults = loaded
@@ -253,7 +277,7 @@ def main() -> None:
     with st.spinner("Simulating…"):
         out = cache.serving(source.text, source.label, overrides, engine)
         base = cache.serving(source.text, source.label, (), engine) if overrides else out
-    st.caption(f"Base scenario: **{source.label}** — {sc.description or sc.name}")
+    st.caption(source.line(sc.description or sc.name))
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
     if not out.ok:
         if out.error_kind == "NotBuiltError":
