@@ -814,3 +814,48 @@ def test_an_upload_and_the_bundled_picker_never_silently_override_each_other():
     at.radio(key="train.from").set_value("uploaded").run()
     assert "Scenario in use: uploaded file **mine.yaml**" in texts(at.caption)
     assert shown(at)["Step time"] == logic.fmt_time(up.metrics["step_time_s"])
+
+
+def _sidebar_labels(at: AppTest) -> list[str]:
+    return [str(getattr(e, "label", "")) for e in at.sidebar if getattr(e, "label", None)]
+
+
+@pytest.mark.parametrize("page, first", [("1_Training.py", ("Nodes", "Tensor parallel (tp)", "Pipeline (pp)")),
+                                         ("2_Serving.py", ("Nodes", "Tensor parallel (tp)"))])
+def test_cluster_size_and_parallelism_are_the_first_knobs(page, first):
+    at = open_page(page)
+    labels = _sidebar_labels(at)
+    later = [labels.index(x) for x in ("Model", "Precision", "Numbers from", "What-if name")]
+    for label in first:
+        assert labels.index(label) < min(later), (label, labels)
+
+
+def test_a_node_count_the_global_batch_does_not_fit_offers_to_keep_tokens_per_step_or_per_gpu():
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.number_input(key="train.nodes").set_value(12).run()          # 96 GPUs: dp 3 does not divide 128
+    assert not at.exception and "workload.global_batch" in texts(at.error)
+    offers = {b.label: b for b in at.button if b.label.startswith("Keep tokens per")}
+    assert len(offers) == 2
+    per_gpu = next(b for label, b in offers.items() if label.startswith("Keep tokens per GPU"))
+    assert "global batch 192" in per_gpu.label                        # 128 x 96 / 64
+    assert any("global batch 129" in label for label in offers)       # the multiple of 3 nearest 128
+    per_gpu.click().run()
+    assert not at.exception and not at.error
+    assert at.number_input(key="train.global_batch").value == 192
+    res = training_expect({"cluster.nodes": 12, "workload.global_batch": 192, "parallelism.dp": "auto"},
+                          engine="analytical")
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert res.metrics["tokens_per_s"] / res.gpus == pytest.approx(
+        training_expect(engine="analytical").metrics["tokens_per_s"] / 64, rel=0.2)
+
+
+def test_a_step_too_large_to_simulate_says_it_shows_the_estimate_and_why(monkeypatch):
+    monkeypatch.setattr(logic, "DES_JOB_LIMIT", 10)
+    at = open_page("1_Training.py")
+    assert not at.exception
+    warning = texts(at.warning)
+    assert "Showing the analytical estimate" in warning and "not the simulation you chose" in warning
+    assert "engine jobs" in warning and "limit of 10" in warning
+    est = training_expect(engine="analytical")
+    assert shown(at)["Step time"] == logic.fmt_time(est.metrics["step_time_s"])

@@ -39,6 +39,7 @@ PRICING_OPTIONS = ("on-demand", "capacity-block", "savings-plan-1yr", "savings-p
 # above this many jobs the page shows the analytical estimate unless asked to simulate anyway,
 # so that a knob change stays under one second.
 DES_JOB_LIMIT = 12_000
+DES_S_PER_JOB = 40e-6  # the figure above, for the time a large step would take
 # A timeline with more rows than this is simplified (see timeline_rows).
 TIMELINE_MAX_ROWS = 4_000
 # Serving: the load curve's rates, as fractions of the saturation throughput.
@@ -531,6 +532,39 @@ def _wrong_kind(file: str, kind: str, what: str, other_page: str, yaml_text: str
     )
 
 
+def batch_offers(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, int]]:
+    """Global batches that make a changed node count work, when the what-if's global batch is no
+    longer a multiple of dp x micro batch: ``[(label, global_batch)]`` keeping the base's tokens
+    per step (the nearest multiple) and its tokens per GPU (scaled with the GPU count, then the
+    nearest multiple). Empty when the node count is the base's or the what-if does not load."""
+    knobs = dict(_unfreeze(overrides))
+    try:
+        base = load_base(text, file)
+        nodes = int(knobs.get("cluster.nodes", base.cluster.nodes))
+        if nodes == base.cluster.nodes:
+            return []
+        mb = int(knobs.get("workload.micro_batch", base.workload.micro_batch))
+        inst = knobs.get("cluster.instance")
+        per_node = (fmsim.load_catalog().instances[str(inst)] if inst else base.cluster.instance).num_accelerators
+        gpus = nodes * int(per_node)
+        # a global batch every dp divides (dp divides the GPU count): the plan's dp, as the API derives it
+        probe = whatif_scenario(text, file, tuple({**knobs, "workload.global_batch": gpus * mb}.items()))
+    except Exception:  # noqa: BLE001 - no offer for a what-if that does not load for another reason
+        return []
+    unit = int(probe.parallelism.dp) * mb
+    b0 = int(base.workload.global_batch)
+    base_gpus = base.cluster.nodes * base.cluster.instance.num_accelerators
+    per_step = max(unit, round(b0 / unit) * unit)
+    per_gpu = max(unit, round(b0 * gpus / base_gpus / unit) * unit)
+    seq = int(knobs.get("workload.seq_len", base.workload.seq_len))
+    return [
+        (f"Keep tokens per step: global batch {per_step:,} ({fmt_count(per_step * seq)} tokens; "
+         f"was {b0:,}), a multiple of dp x micro batch = {unit:,}", per_step),
+        (f"Keep tokens per GPU: global batch {per_gpu:,} ({fmt_count(per_gpu * seq / gpus)} tokens a GPU "
+         f"on {gpus:,} GPUs)", per_gpu),
+    ]
+
+
 def _oom_hint(res: Any, text: str, file: str, overrides: Sequence[tuple[str, Any]]) -> str:
     """What to change for a result that does not fit: a neighbouring plan that fits, else the list."""
     if res.metrics.get("fits", True):
@@ -578,10 +612,12 @@ def run_training(
                 yaml_text=whatif_yaml(sc, est, "analytical", changed),
                 hint=_oom_hint(est, text, file, overrides),
                 note=(
-                    f"The simulated step would have about {jobs:,} engine jobs "
-                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline); "
-                    "showing the analytical estimate (fmsim run --estimate). Tick "
-                    "'simulate large steps' in the sidebar to run the simulation."
+                    "Showing the analytical estimate (fmsim run --estimate), not the simulation you chose: "
+                    f"this step would be about {jobs:,} engine jobs "
+                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline), past the explorer's "
+                    f"limit of {des_job_limit:,} that keeps a knob change under a second (about "
+                    f"{jobs * DES_S_PER_JOB:.0f} s to simulate). Tick 'Simulate large steps' in the sidebar to "
+                    "run the simulation."
                 ),
                 timeline_note="No timeline: the step was not simulated (see above).",
             )

@@ -141,6 +141,11 @@ def overrides_from(defaults: dict, sc) -> tuple:
     return logic.as_overrides(out)
 
 
+def set_global_batch(batch: int) -> None:
+    """An offer taken after a node-count change (see logic.batch_offers)."""
+    st.session_state[f"{P}.global_batch"] = batch
+
+
 def on_vpp_change() -> None:
     """Interleaving needs vpp >= 2 and is the only schedule with it: keep the two consistent."""
     vpp = st.session_state[f"{P}.vpp"]
@@ -154,17 +159,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input(
-        "What-if name",
-        key=f"{P}.name",
-        placeholder="the scenario's name + '-whatif'",
-        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
-        "'-whatif' once a knob moves.",
-    )
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.markdown("**Cluster**")
     sb.selectbox(
         "Instance type",
         sorted(cat.instances),
@@ -172,20 +167,6 @@ def draw_knobs(defaults: dict, cat) -> None:
         help="AWS instances, and the reference systems of published measurements (no price).",
     )
     sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
-    c1, c2 = sb.columns(2)
-    c1.selectbox(
-        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
-    )
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
-    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
-    sb.text_input(
-        "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
-    )
-    sb.markdown("**Batch**")
-    c1, c2, c3 = sb.columns(3)
-    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
-    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
-    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
     sb.markdown("**Parallelism**")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
     c1, c2 = sb.columns(2)
@@ -243,6 +224,32 @@ def draw_knobs(defaults: dict, cat) -> None:
         "0 = all of dp.",
     )
     sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
+    sb.markdown("**Model and price**")
+    models = sorted(cat.models)
+    if defaults["model"].endswith(INLINE):
+        models = [defaults["model"], *models]
+    sb.selectbox("Model", models, key=f"{P}.model")
+    c1, c2 = sb.columns(2)
+    c1.selectbox(
+        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
+    )
+    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
+    sb.markdown("**Batch**")
+    c1, c2, c3 = sb.columns(3)
+    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
+    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
+    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
+    sb.text_input(
+        "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
+    )
+    sb.text_input(
+        "What-if name",
+        key=f"{P}.name",
+        placeholder="the scenario's name + '-whatif'",
+        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
+        "'-whatif' once a knob moves.",
+    )
 
 
 def main() -> None:
@@ -250,6 +257,15 @@ def main() -> None:
     source = widgets.scenario_source(
         P, logic.TRAINING_KINDS, what="training", preferred="examples/llama3-70b-p5.yaml"
     )
+    if source is None:
+        st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
+        return
+    loaded = widgets.knob_scenario(
+        P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs, knob_choices
+    )
+    if loaded is None:
+        return
+    # below the knobs: the cluster and its parallel layout are what a planner reaches for first
     widgets.engine_choice(
         P,
         ENGINES,
@@ -262,14 +278,6 @@ def main() -> None:
         help=f"Steps of more than {logic.DES_JOB_LIMIT:,} engine jobs use the estimate "
         "unless this is ticked (the simulation then takes seconds).",
     )
-    if source is None:
-        st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
-        return
-    loaded = widgets.knob_scenario(
-        P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs, knob_choices
-    )
-    if loaded is None:
-        return
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
@@ -285,6 +293,11 @@ def main() -> None:
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
     if not out.ok:
         widgets.show_error(out.error, out.hint, out.error_kind)
+        if "workload.global_batch" in out.error:
+            offers = logic.batch_offers(source.text, source.label, overrides)
+            cols = st.columns(len(offers)) if offers else []
+            for col, (label, batch) in zip(cols, offers):
+                col.button(label, key=f"{P}.offer_{batch}", on_click=set_global_batch, args=(batch,), width="stretch")
         st.session_state[f"{P}.result"] = None
         return
     render(out, base if base.ok else None, dict(overrides).get("name", sc.name))
@@ -307,6 +320,8 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"{' (vpp ' + str(m.get('vpp')) + ')' if (m.get('vpp') or 1) > 1 else ''} · dp {m['dp']} · "
         f"cp {m['cp']} · ep {m['ep']} · {m.get('num_microbatches', '?')} micro-batches per step"
     )
+    if out.note:  # e.g. a step too large to simulate at once: the page shows the estimate, and says why
+        st.warning(logic.md_escape(out.note), icon=":material/functions:")
     bad = logic.infeasible_reason(r)
     if bad:
         widgets.infeasible_banner(bad)
@@ -395,8 +410,6 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         else ""
     )
     st.caption(f"Numbers from the {engine_line}{extra}.")
-    if out.note:
-        st.info(logic.md_escape(out.note))
 
     left, right = st.columns(2)
     with left:

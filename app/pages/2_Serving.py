@@ -182,29 +182,24 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input(
-        "What-if name",
-        key=f"{P}.name",
-        placeholder="the scenario's name + '-whatif'",
-        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
-        "'-whatif' once a knob moves.",
-    )
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.markdown("**Cluster and parallelism**")
     sb.selectbox("Instance type", sorted(cat.instances), key=f"{P}.instance")
     c1, c2 = sb.columns(2)
     c1.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
+    sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
+    sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    sb.markdown("**Model and price**")
+    models = sorted(cat.models)
+    if defaults["model"].endswith(INLINE):
+        models = [defaults["model"], *models]
+    sb.selectbox("Model", models, key=f"{P}.model")
     c1, c2 = sb.columns(2)
     c1.selectbox(
         "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
     )
     pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
     c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
-    sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
-    sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
     sb.markdown("**Traffic**")
     sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
     arrival = st.session_state[f"{P}.arrival"]
@@ -248,18 +243,19 @@ def draw_knobs(defaults: dict, cat) -> None:
         key=f"{P}.revision_rounds",
         disabled=st.session_state[f"{P}.strategy"] != "sequential-revision",
     )
+    sb.text_input(
+        "What-if name",
+        key=f"{P}.name",
+        placeholder="the scenario's name + '-whatif'",
+        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
+        "'-whatif' once a knob moves.",
+    )
 
 
 def main() -> None:
     st.title("Serving what-if")
     source = widgets.scenario_source(
         P, logic.SERVING_KINDS, what="serving", preferred="examples/serving-llama3.1-70b-chat-p5.yaml"
-    )
-    widgets.engine_choice(
-        P,
-        ENGINES,
-        help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
-        "simulated requests); the analytical estimate is `fmsim run --estimate`.",
     )
     if source is None:
         st.info(
@@ -271,6 +267,12 @@ def main() -> None:
     )
     if loaded is None:
         return
+    widgets.engine_choice(  # below the knobs: the cluster and parallel layout come first
+        P,
+        ENGINES,
+        help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
+        "simulated requests); the analytical estimate is `fmsim run --estimate`.",
+    )
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     overrides = overrides_from(defaults, sc)

@@ -107,7 +107,7 @@ def main() -> None:
     st.dataframe(st.session_state[f"{P}.table"], hide_index=True, width="stretch")
     st.caption(f"Δ: the change against the first scenario, {picked[0]}.")
     for n in notes:
-        st.caption(n)
+        st.warning(logic.md_escape(n), icon=":material/functions:")
     cols = [c for c in CHART_METRICS if any(logic.finite(r.get(c)) is not None for _, r in runs)]
     if cols:
         col = st.selectbox("Chart", cols, format_func=logic.label_of, key=f"{P}.chart")
