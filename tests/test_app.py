@@ -859,3 +859,50 @@ def test_a_step_too_large_to_simulate_says_it_shows_the_estimate_and_why(monkeyp
     assert "engine jobs" in warning and "limit of 10" in warning
     est = training_expect(engine="analytical")
     assert shown(at)["Step time"] == logic.fmt_time(est.metrics["step_time_s"])
+
+
+def test_charts_keep_their_legends_whole_base_above_the_whatif_and_label_the_hbm_line():
+    rows = logic.breakdown_rows([("base", training_expect(engine="analytical")),
+                                 ("what-if", training_expect({"parallelism.tp": 4, "parallelism.dp": "auto"},
+                                                             engine="analytical"))])
+    spec = charts.breakdown_bar(rows).to_dict()
+    assert spec["encoding"]["y"]["sort"] == ["base", "what-if"]
+    assert spec["encoding"]["color"]["legend"]["labelLimit"] == 0
+    mem = charts.memory_bar([{"stage": "stage 0", "part": "attention_prefill_workspace", "bytes": 2.0**34}],
+                            80 * 2**30).to_dict()
+    assert mem["layer"][0]["encoding"]["color"]["legend"]["labelLimit"] == 0
+    text = [layer for layer in mem["layer"] if layer["mark"]["type"] == "text"]
+    assert text and "HBM 80 GiB per GPU" in json.dumps(mem["datasets"])
+    cdf = charts.latency_cdf([{"metric": "ttft", "latency_s": 0.1, "quantile": 0.5}]).to_dict()
+    assert cdf["encoding"]["color"]["legend"]["labelLimit"] == 0
+
+
+def test_mfu_under_fp8_says_which_peak_it_divides_by():
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()
+    assert not at.exception
+    mfu = next(m for m in at.metric if m.label == "MFU")
+    res = fmsim.estimate(fmsim.load_scenario(ROOT / "scenarios" / "examples" / "mixtral-8x22b-p6-b200.yaml"))
+    assert res.metrics["precision"] == "fp8"
+    peak = res.metrics["model_tflops_per_gpu"] / res.metrics["mfu"]
+    assert f"the fp8 dense peak of the GPU ({peak:,.0f} TFLOP/s)" in mfu.help
+    assert "against the bf16 peak" in mfu.help
+
+
+def test_the_analytical_serving_view_says_its_percentiles_are_one_value_and_requests_per_s_has_help():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-analytical")
+    req = next(m for m in at.metric if m.label == "Requests/s")
+    assert "requests completed per second" in req.help
+    at.radio(key="serve.engine").set_value("analytical estimate").run()
+    assert not at.exception
+    assert "deterministic" in texts(at.caption) and "p50, p90 and p99 are equal" in texts(at.caption)
+
+
+def test_a_serving_scenario_on_the_training_page_is_an_inference_scenario():
+    at = open_page("1_Training.py")
+    text = SMALL_SERVING.format(name="wrong-page")
+    at.file_uploader(key="train.upload").set_value(("wrong-page.yaml", text.encode(), "application/x-yaml")).run()
+    assert not at.exception
+    assert "is an `inference` scenario: open it on the Serving page" in texts(at.warning)

@@ -231,3 +231,23 @@ def test_a_reload_and_a_shared_link_keep_the_scenario_and_every_knob(app_url, br
         _keep(other, tmp_path, "training-from-link.png")
     finally:
         other.close()
+
+
+TRUNCATED_JS = """() => [...document.querySelectorAll(
+        '[data-testid="stMetricValue"], [data-testid="stMetricLabel"]')]
+    .filter(box => [box, ...box.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1))
+    .map(box => box.innerText.trim())"""
+
+
+def test_no_figure_or_label_is_cut_short_on_a_1280_pixel_screen(browser, app_url, tmp_path):
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1280, "height": 1400})
+    try:
+        for name, first in (("Training", "Step time"), ("Serving", "TTFT p50 / p99")):
+            page.goto(f"{app_url[0]}/{name}", timeout=START_TIMEOUT_S * 1000)
+            _metric(page, first)
+            page.wait_for_timeout(500)
+            assert page.evaluate(TRUNCATED_JS) == [], name
+        _keep(page, tmp_path, "serving-1280.png")
+    finally:
+        page.close()

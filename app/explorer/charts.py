@@ -51,6 +51,11 @@ PART_COLOURS = {
 }
 
 
+def _legend() -> alt.Legend:
+    """Below the chart, four entries a row, labels never cut short (altair's default cuts at 160 px)."""
+    return alt.Legend(orient="bottom", title=None, columns=4, labelLimit=0)
+
+
 def _scale(parts: Sequence[str]) -> alt.Scale:
     domain = list(dict.fromkeys(parts))
     fallback = ["#9d755d", "#ff9da6", "#79706e", "#d67195", "#b6992d", "#499894"]
@@ -61,15 +66,16 @@ def _scale(parts: Sequence[str]) -> alt.Scale:
 def breakdown_bar(rows: list[dict[str, Any]], x_title: str = "seconds per step") -> alt.Chart:
     """Stacked horizontal bars: seconds of each part, one bar per run (base, what-if)."""
     parts = list(dict.fromkeys(r["part"] for r in rows))
+    runs = list(dict.fromkeys(r["run"] for r in rows))  # base first, then the what-if, always
     data = [{**r, "order": parts.index(r["part"])} for r in rows]
     return (
         alt.Chart(pd.DataFrame(data))
         .mark_bar()
         .encode(
             x=alt.X("seconds:Q", title=x_title, stack="zero"),
-            y=alt.Y("run:N", title=None, sort=None),
+            y=alt.Y("run:N", title=None, sort=runs, axis=alt.Axis(labelLimit=0)),
             color=alt.Color(
-                "part:N", scale=_scale(parts), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "part:N", scale=_scale(parts), legend=_legend()
             ),
             order=alt.Order("order:Q"),
             tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
@@ -89,19 +95,27 @@ def memory_bar(rows: list[dict[str, Any]], hbm_bytes: float | None) -> alt.Layer
             x=alt.X("stage:N", title=None, sort=None),
             y=alt.Y("GiB:Q", title="GiB per GPU", stack="zero"),
             color=alt.Color(
-                "part:N", scale=_scale(parts), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "part:N", scale=_scale(parts), legend=_legend()
             ),
             tooltip=["stage:N", "part:N", alt.Tooltip("GiB:Q", format=".2f")],
         )
     )
     if not hbm_bytes:
         return bars.properties(height=320)
+    hbm = pd.DataFrame([{"GiB": hbm_bytes / 2**30, "what": f"HBM {hbm_bytes / 2**30:.0f} GiB per GPU"}])
     line = (
-        alt.Chart(pd.DataFrame([{"GiB": hbm_bytes / 2**30, "what": "HBM"}]))
+        alt.Chart(hbm)
         .mark_rule(color="#d62728", strokeDash=[6, 3], size=2)
         .encode(y="GiB:Q", tooltip=["what:N", alt.Tooltip("GiB:Q", format=".1f")])
     )
-    return alt.layer(bars, line).properties(height=320)
+    label = (
+        alt.Chart(hbm)
+        .mark_text(align="right", baseline="bottom", dy=-3, color="#d62728", fontWeight="bold")
+        .encode(y="GiB:Q", x=alt.value(0), text="what:N")
+    )
+    # the label sits at the right end of the line (x: the chart's width, through a signal)
+    label = label.encode(x=alt.value({"expr": "width"}))
+    return alt.layer(bars, line, label).properties(height=320)
 
 
 def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
@@ -117,7 +131,7 @@ def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
             x2="end_s:Q",
             y=alt.Y("lane:N", title=None, sort=lanes),
             color=alt.Color(
-                "category:N", scale=_scale(cats), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "category:N", scale=_scale(cats), legend=_legend()
             ),
             tooltip=[
                 "lane:N",
@@ -138,7 +152,7 @@ def latency_cdf(points: list[dict[str, Any]]) -> alt.Chart:
         .encode(
             x=alt.X("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log")),
             y=alt.Y("quantile:Q", title="fraction of requests", scale=alt.Scale(domain=[0, 1])),
-            color=alt.Color("metric:N", legend=alt.Legend(orient="bottom", title=None, columns=4)),
+            color=alt.Color("metric:N", legend=_legend()),
             tooltip=[
                 "metric:N",
                 alt.Tooltip("latency_s:Q", format=".4~g"),

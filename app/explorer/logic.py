@@ -756,6 +756,26 @@ def load_curve(
         return [], str(exc) if isinstance(exc, fmsim.FmsimError) else f"internal error: {type(exc).__name__}"
 
 
+def mfu_help(result: Any) -> str:
+    """Which peak the MFU divides by: the dense peak of the precision the GEMMs run in (fp8 runs:
+    the fp8 peak, twice the bf16 one on Hopper), with the MFU against the bf16 peak beside it."""
+    m = result.metrics
+    tflops, mfu = finite(m.get("model_tflops_per_gpu")), finite(m.get("mfu"))
+    prec = str(m.get("precision") or "")
+    if tflops is None or not mfu:
+        return "model FLOPs / peak FLOPs"
+    peak = tflops / mfu
+    out = (f"model FLOPs / the {prec} dense peak of the GPU ({peak:,.0f} TFLOP/s); "
+           f"{tflops:,.0f} TFLOP/s per GPU achieved")
+    if prec not in ("bf16", "fp16"):
+        try:
+            bf16 = fmsim.load_catalog().instances[result.instance].accelerator.peak("bf16") / 1e12
+            out += f"; against the bf16 peak ({bf16:,.0f} TFLOP/s) it would be {fmt_pct(tflops / bf16)}"
+        except Exception:  # noqa: BLE001 - an inline instance, or no bf16 math: the first part stands
+            pass
+    return out
+
+
 def over_hbm(metrics: Mapping[str, Any]) -> float | None:
     """Bytes per GPU a plan needs beyond its HBM (None when it fits)."""
     need, have = finite(metrics.get("memory_per_gpu_bytes")), finite(metrics.get("hbm_per_gpu_bytes"))
@@ -1107,6 +1127,11 @@ def delta_text(a: Any, b: Any) -> str:
 # escape, so the escaped text renders exactly as written. (Messages start with a file name, so
 # the line-start markers -, +, #, 1. never occur where they would count.)
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>$~|])")
+
+
+def article(word: str) -> str:
+    """"an" before a vowel sound (an inference, an RL run), else "a"."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 def md_escape(text: Any) -> str:

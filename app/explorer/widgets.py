@@ -180,7 +180,11 @@ def base_scenario(source: Source, kinds: tuple[str, ...], other_page: str) -> An
         show_error(err, hint)
         return None
     if sc.workload.kind not in kinds:
-        st.warning(f"{source.label} is a `{sc.workload.kind}` scenario: open it on the {other_page} page.")
+        kind = sc.workload.kind
+        st.warning(
+            f"{logic.md_escape(source.label)} is {logic.article(kind)} `{kind}` scenario: open it on the "
+            f"{other_page} page."
+        )
         return None
     return sc
 
@@ -337,6 +341,17 @@ def metric(
     (a plan that cannot run is never "better")."""
     colour = "off" if infeasible else ("inverse" if lower_is_better else "normal")
     col.metric(label, value, delta=delta, delta_color=colour, help=help)
+
+
+METRICS_PER_ROW = 3  # four a row truncate "52.3 / 269 ms" and "49.5 / 80 GiB" on a 1280-pixel screen
+
+
+def metric_columns(n: int, per_row: int = METRICS_PER_ROW) -> list[Any]:
+    """``n`` columns for figures, laid out ``per_row`` a row (wide enough for their values)."""
+    cols: list[Any] = []
+    while len(cols) < n:
+        cols += list(st.columns(per_row))
+    return cols[:n]
 
 
 def infeasible_banner(reason: str) -> None:

@@ -229,7 +229,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     if defaults["model"].endswith(INLINE):
         models = [defaults["model"], *models]
     sb.selectbox("Model", models, key=f"{P}.model")
-    c1, c2 = sb.columns(2)
+    c1, c2 = sb.columns([2, 3])  # the pricing names ("savings-plan-3yr") need the wider half
     c1.selectbox(
         "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
     )
@@ -331,7 +331,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
             f"{logic.fmt_bytes(m['hbm_per_gpu_bytes'])} of HBM.",
             out.hint or logic.OOM_HINT,
         )
-    c = st.columns(4)
+    c = widgets.metric_columns(8)
     widgets.metric(
         c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True,
         infeasible=bool(bad),
@@ -341,7 +341,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         "MFU",
         logic.fmt_pct(m["mfu"]),
         d("mfu"),
-        help=f"model FLOPs / peak; {m['model_tflops_per_gpu']:.0f} TFLOP/s per GPU",
+        help=logic.mfu_help(r),
         infeasible=bool(bad),
     )
     widgets.metric(
@@ -362,9 +362,8 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         help="needed on the fullest pipeline stage / HBM of one GPU",
         infeasible=bool(bad) and not over,
     )
-    c = st.columns(4)
     widgets.metric(
-        c[0],
+        c[4],
         "Time to train",
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
@@ -372,7 +371,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         infeasible=bool(bad),
     )
     widgets.metric(
-        c[1],
+        c[5],
         "Cost to train",
         logic.fmt_usd(m.get("cost_usd")),
         d("cost_usd"),
@@ -381,7 +380,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         infeasible=bool(bad),
     )
     widgets.metric(
-        c[2],
+        c[6],
         "Cluster $/h",
         logic.fmt_usd(r.usd_per_hour),
         d("usd_per_hour", lambda x: x.usd_per_hour),
@@ -390,7 +389,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         infeasible=bool(bad),
     )
     widgets.metric(
-        c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
+        c[7], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
         infeasible=bool(bad),
     )
     if logic.price_note(r):

@@ -23,6 +23,10 @@ TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 ARRIVALS = ["poisson", "constant", "bursty", "closed-loop", "offline"]
 STRATEGIES = ["none", "self-consistency", "best-of-n", "sequential-revision"]
 INLINE = " (inline, from the scenario)"
+ANALYTICAL_PERCENTILES = (
+    "The analytical estimate is deterministic: one latency per request of the mean shape, so its p50, "
+    "p90 and p99 are equal. Choose the discrete-event simulation for real percentiles."
+)
 FIXED = "fixed price from the scenario"
 SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of kind: inference)
     "model": "workload.model",
@@ -194,7 +198,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     if defaults["model"].endswith(INLINE):
         models = [defaults["model"], *models]
     sb.selectbox("Model", models, key=f"{P}.model")
-    c1, c2 = sb.columns(2)
+    c1, c2 = sb.columns([2, 3])  # the pricing names ("savings-plan-3yr") need the wider half
     c1.selectbox(
         "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
     )
@@ -319,6 +323,7 @@ def render(
     curve, cerr = cache.load_curve(source.text, source.label, overrides)
     offered = out.offered_requests_per_s
     saturation = curve[0]["saturation_requests_per_s"] if curve else None
+    flat = out.engine != "des" and m.get("ttft_p50_s") == m.get("ttft_p99_s")  # one value per latency
     bad = logic.infeasible_reason(r, offered, saturation)
     if bad:
         widgets.infeasible_banner(bad)
@@ -329,7 +334,7 @@ def render(
     over = logic.overload(r, offered, saturation)
     if over:
         st.warning(logic.md_escape(over), icon=":material/speed:")
-    c = st.columns(4)
+    c = widgets.metric_columns(8)
     widgets.metric(
         c[0],
         "TTFT p50 / p99",
@@ -364,12 +369,17 @@ def render(
         help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
         infeasible=bool(bad),
     )
-    c = st.columns(4)
     widgets.metric(
-        c[0], "Requests/s", logic.fmt_count(m.get("requests_per_s")), d("requests_per_s"), infeasible=bool(bad)
+        c[4],
+        "Requests/s",
+        logic.fmt_count(m.get("requests_per_s")),
+        d("requests_per_s"),
+        help="requests completed per second: by the simulation, over the whole simulated run (its fill and "
+        "drain included); by the estimate, at the offered rate up to saturation",
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[1],
+        c[5],
         "$ per M output tokens",
         logic.fmt_usd(m.get("usd_per_million_output_tokens")),
         d("usd_per_million_output_tokens"),
@@ -378,7 +388,7 @@ def render(
         infeasible=bool(bad),
     )
     widgets.metric(
-        c[2],
+        c[6],
         "$ per answered question",
         logic.fmt_usd(m.get("usd_per_query")),
         d("usd_per_query"),
@@ -388,7 +398,7 @@ def render(
     kv = m.get("kv_utilization_mean")
     peak = m.get("kv_utilization_peak")
     widgets.metric(
-        c[3],
+        c[7],
         "KV cache use (mean / peak)",
         f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
         d("kv_utilization_mean"),
@@ -408,7 +418,7 @@ def render(
         + (
             "discrete-event simulation (`fmsim run`)."
             if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`)."
+            else "analytical estimate (`fmsim run --estimate`). " + (ANALYTICAL_PERCENTILES if flat else "")
         )
     )
 
@@ -418,7 +428,9 @@ def render(
         points, src = logic.latency_cdf(r)
         if points:
             st.altair_chart(charts.latency_cdf(points), width="stretch")
-            if src == "percentiles":
+            if flat:
+                st.caption(ANALYTICAL_PERCENTILES)
+            elif src == "percentiles":
                 st.caption("Drawn through the p50, p90 and p99 the simulator reports.")
         rows = []
         for metric in ("ttft", "tpot", "itl", "e2e", "question_latency"):
