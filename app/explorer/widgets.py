@@ -271,6 +271,55 @@ def reset_button(prefix: str, defaults: Mapping[str, Any]) -> None:
     st.sidebar.button("Reset knobs to the scenario", key=f"{prefix}.reset", on_click=reset, width="stretch")
 
 
+INLINE = " (inline, from the scenario)"  # a model knob's value when the scenario defines its own model
+FIXED = "fixed price from the scenario"  # a pricing knob's value when the scenario gives usd_per_hour
+
+
+def model_options(defaults: Mapping[str, Any], cat: Any) -> list[str]:
+    """The Model knob's choices: the catalog's models, the scenario's inline model first."""
+    models = sorted(cat.models)
+    return [defaults["model"], *models] if str(defaults["model"]).endswith(INLINE) else models
+
+
+def pricing_options(defaults: Mapping[str, Any]) -> list[str]:
+    return list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
+
+
+def shared_choices(defaults: Mapping[str, Any], cat: Any, tp_options: list[int]) -> dict[str, Any]:
+    """What the knobs both pages have take, for a value read from a link (see logic.knobs_from_url)."""
+    return {
+        "model": model_options(defaults, cat),
+        "instance": sorted(cat.instances),
+        "precision": with_options(list(logic.PRECISIONS), defaults["precision"]),
+        "pricing": pricing_options(defaults),
+        "tp": with_options(tp_options, defaults["tp"]),
+        "nodes": logic.AtLeast(1, 100_000),
+        "ep": logic.AtLeast(1, 1024),
+    }
+
+
+def name_knob(prefix: str) -> None:
+    st.sidebar.text_input(
+        "What-if name",
+        key=f"{prefix}.name",
+        placeholder="the scenario's name + '-whatif'",
+        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
+        "'-whatif' once a knob moves.",
+    )
+
+
+def model_and_price(prefix: str, defaults: Mapping[str, Any], cat: Any) -> None:
+    """The sidebar's model, precision and pricing knobs (Training and Serving)."""
+    sb = st.sidebar
+    sb.markdown("**Model and price**")
+    sb.selectbox("Model", model_options(defaults, cat), key=f"{prefix}.model")
+    c1, c2 = sb.columns([2, 3])  # the pricing names ("savings-plan-3yr") need the wider half
+    c1.selectbox(
+        "Precision", with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{prefix}.precision"
+    )
+    c2.selectbox("Pricing", pricing_options(defaults), key=f"{prefix}.pricing")
+
+
 def with_options(options: list[Any], value: Any) -> list[Any]:
     """``options`` with ``value`` added (sorted in) when the base scenario uses another one."""
     if value in options:

@@ -17,8 +17,8 @@ ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytica
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 CP_OPTIONS = [1, 2, 4, 8, 16, 32]
 BUCKET_OPTIONS = [-1, 0, 10_000_000, 40_000_000, 100_000_000, 500_000_000]   # -1: Megatron-Core's, 0: one per layer
-INLINE = " (inline, from the scenario)"
-FIXED = "fixed price from the scenario"
+INLINE = widgets.INLINE
+FIXED = widgets.FIXED
 # knob -> dotted scenario path
 PATHS = {
     "model": "workload.model",
@@ -83,25 +83,17 @@ def knob_defaults(sc, cat) -> dict:
 
 def knob_choices(defaults: dict, cat) -> dict:
     """What each knob takes, for a value read from the page's link."""
-    models = sorted(cat.models) + ([defaults["model"]] if defaults["model"].endswith(INLINE) else [])
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
     one = logic.AtLeast(1)
     return {
-        "model": models,
-        "instance": sorted(cat.instances),
-        "precision": widgets.with_options(list(logic.PRECISIONS), defaults["precision"]),
-        "pricing": pricing,
-        "tp": widgets.with_options(TP_OPTIONS, defaults["tp"]),
+        **widgets.shared_choices(defaults, cat, TP_OPTIONS),
         "cp": widgets.with_options(CP_OPTIONS, defaults["cp"]),
         "grad_bucket": widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
         "cp_comm": ["ring", "all-gather", "a2a"],
         "zero": [0, 1, 2, 3],
         "recompute": ["none", "selective", "full"],
         "schedule": ["1f1b", "interleaved", "gpipe"],
-        "nodes": logic.AtLeast(1, 100_000),
         "pp": logic.AtLeast(1, 1024),
         "vpp": logic.AtLeast(1, 64),
-        "ep": logic.AtLeast(1, 1024),
         "seq_len": one,
         "global_batch": one,
         "micro_batch": one,
@@ -224,17 +216,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         "0 = all of dp.",
     )
     sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
-    sb.markdown("**Model and price**")
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
-    c1, c2 = sb.columns([2, 3])  # the pricing names ("savings-plan-3yr") need the wider half
-    c1.selectbox(
-        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
-    )
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
-    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
+    widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Batch**")
     c1, c2, c3 = sb.columns(3)
     c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
@@ -243,13 +225,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb.text_input(
         "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
     )
-    sb.text_input(
-        "What-if name",
-        key=f"{P}.name",
-        placeholder="the scenario's name + '-whatif'",
-        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
-        "'-whatif' once a knob moves.",
-    )
+    widgets.name_knob(P)
 
 
 def main() -> None:

@@ -22,12 +22,12 @@ ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytica
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 ARRIVALS = ["poisson", "constant", "bursty", "closed-loop", "offline"]
 STRATEGIES = ["none", "self-consistency", "best-of-n", "sequential-revision"]
-INLINE = " (inline, from the scenario)"
+INLINE = widgets.INLINE
 ANALYTICAL_PERCENTILES = (
     "The analytical estimate is deterministic: one latency per request of the mean shape, so its p50, "
     "p90 and p99 are equal. Choose the discrete-event simulation for real percentiles."
 )
-FIXED = "fixed price from the scenario"
+FIXED = widgets.FIXED
 SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of kind: inference)
     "model": "workload.model",
     "instance": "cluster.instance",
@@ -111,19 +111,11 @@ def knob_defaults(sc, cat) -> dict:
 
 def knob_choices(defaults: dict, cat) -> dict:
     """What each knob takes, for a value read from the page's link."""
-    models = sorted(cat.models) + ([defaults["model"]] if defaults["model"].endswith(INLINE) else [])
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
     return {
-        "model": models,
-        "instance": sorted(cat.instances),
-        "precision": widgets.with_options(list(logic.PRECISIONS), defaults["precision"]),
-        "pricing": pricing,
-        "tp": widgets.with_options(TP_OPTIONS, defaults["tp"]),
+        **widgets.shared_choices(defaults, cat, TP_OPTIONS),
         "arrival": widgets.with_options(ARRIVALS, defaults["arrival"]),
         "strategy": widgets.with_options(STRATEGIES, defaults["strategy"]),
-        "nodes": logic.AtLeast(1, 100_000),
         "replicas": logic.AtLeast(0, 100_000),
-        "ep": logic.AtLeast(1, 1024),
         "concurrency": logic.AtLeast(0),
         "requests": logic.AtLeast(0),
         "samples": logic.AtLeast(1, 1024),
@@ -193,17 +185,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
     sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
-    sb.markdown("**Model and price**")
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
-    c1, c2 = sb.columns([2, 3])  # the pricing names ("savings-plan-3yr") need the wider half
-    c1.selectbox(
-        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
-    )
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
-    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
+    widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Traffic**")
     sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
     arrival = st.session_state[f"{P}.arrival"]
@@ -247,13 +229,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         key=f"{P}.revision_rounds",
         disabled=st.session_state[f"{P}.strategy"] != "sequential-revision",
     )
-    sb.text_input(
-        "What-if name",
-        key=f"{P}.name",
-        placeholder="the scenario's name + '-whatif'",
-        help="The name inside the downloaded or kept what-if; empty: the base scenario's name, with "
-        "'-whatif' once a knob moves.",
-    )
+    widgets.name_knob(P)
 
 
 def main() -> None:
