@@ -1,6 +1,8 @@
 """The explorer in a real browser: ``fmsim app`` serves it on 127.0.0.1, Playwright drives Debian's
-chromium (``/usr/bin/chromium``, never a downloaded browser): load the Training page, move the tp
-slider, see the step time change, and keep a screenshot (the test's tmp dir and ``test-output/``).
+chromium (``/usr/bin/chromium``, never a downloaded browser): move the tp slider and see the step
+time change, reload and open the page's link and see the same what-if, read an error message as
+written, and find no figure cut short; screenshots go to the test's tmp dir and ``test-output/``.
+One server and one browser serve every test of the module (about 30 s on a quiet machine).
 
 Skipped only when chromium (or playwright) is missing *and* ``CI`` is not ``true``; in CI
 (``.ci/run`` installs chromium) a missing browser is a failure.
@@ -176,24 +178,6 @@ def _set_number(page, key: str, value: int) -> None:
     box.press("Enter")
 
 
-def test_moving_the_tp_slider_in_a_browser_changes_the_step_time(app_url, page, tmp_path):
-    url = app_url[0]
-    page.goto(f"{url}/Training", timeout=START_TIMEOUT_S * 1000)
-    before = _metric(page, "Step time")
-    assert before.endswith(" s")
-    # the tp select_slider (widget key train.tp): an <input type=range> inside its container
-    thumb = page.locator('.st-key-train-tp input[type="range"]')
-    assert thumb.get_attribute("aria-valuetext") == "8"
-    thumb.focus()
-    thumb.press("ArrowLeft")  # tp 8 -> 4
-    after = _wait_metric_change(page, "Step time", before)
-    assert thumb.get_attribute("aria-valuetext") == "4"
-    assert after != before and after.endswith(" s")
-    page.wait_for_timeout(1500)  # let the charts draw before the picture
-    assert page.locator('[data-testid="stException"]').count() == 0
-    _keep(page, tmp_path, "training-tp4.png")
-
-
 def test_an_error_message_renders_as_written_with_its_stars_and_underscores(app_url, page, tmp_path):
     """12 nodes give dp 3, which 128 sequences do not divide: the message shows its formula as the
     API wrote it (Markdown would turn ``*micro_batch = 3*`` into italics and drop the stars)."""
@@ -207,14 +191,23 @@ def test_an_error_message_renders_as_written_with_its_stars_and_underscores(app_
     _keep(page, tmp_path, "training-escaped-error.png")
 
 
-def test_a_reload_and_a_shared_link_keep_the_scenario_and_every_knob(app_url, browser, page, tmp_path):
+def test_moving_the_tp_slider_changes_the_step_time_and_a_reload_or_a_link_keeps_it(
+    app_url, browser, page, tmp_path
+):
     url = app_url[0]
     page.goto(f"{url}/Training", timeout=START_TIMEOUT_S * 1000)
     before = _metric(page, "Step time")
+    assert before.endswith(" s")
+    # the tp select_slider (widget key train.tp): an <input type=range> inside its container
     thumb = page.locator('.st-key-train-tp input[type="range"]')
+    assert thumb.get_attribute("aria-valuetext") == "8"
     thumb.focus()
     thumb.press("ArrowLeft")  # tp 8 -> 4
     after = _wait_metric_change(page, "Step time", before)
+    assert thumb.get_attribute("aria-valuetext") == "4"
+    assert after != before and after.endswith(" s")
+    assert page.locator('[data-testid="stException"]').count() == 0
+    _keep(page, tmp_path, "training-tp4.png")
     # the address bar follows the knobs as soon as the run ends (a short wait: it fails fast)
     page.wait_for_function("() => location.search.includes('tp=4')", timeout=15_000)
     assert "scenario=examples%2Fllama3-70b-p5.yaml" in page.url
@@ -243,7 +236,8 @@ def test_no_figure_or_label_is_cut_short_on_a_1280_pixel_screen(browser, app_url
     page = browser.new_page()
     page.set_viewport_size({"width": 1280, "height": 1400})
     try:
-        for name, first in (("Training", "Step time"), ("Serving", "TTFT p50 / p99")):
+        # the serving figures from the estimate (same formats; the test need not wait for the simulation)
+        for name, first in (("Training", "Step time"), ("Serving?engine=analytical", "TTFT p50 / p99")):
             page.goto(f"{app_url[0]}/{name}", timeout=START_TIMEOUT_S * 1000)
             _metric(page, first)
             page.wait_for_timeout(500)

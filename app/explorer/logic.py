@@ -4,8 +4,10 @@ Owns the what-if model of the app (DESIGN.md "faces"): a *base* scenario (a bund
 upload, kept as its YAML text), the knobs as dotted overrides applied to the base's canonical
 mapping (``fmsim.scenario.scenario_to_mapping``), one call of the fmsim API, and the packaging
 of its answer (or its error, with what to change) into a frozen :class:`Outcome` that the pages
-render and ``app/explorer/cache.py`` caches. Also the plain data the charts draw (pipeline
-timeline rows, latency CDF points, load curves, comparison tables) and the number formats.
+render and ``app/explorer/cache.py`` caches; what to change when a plan cannot run (a
+neighbouring plan that fits, a global batch for a new node count); the load curve and the
+comparison table. The number formats (``formats.py``), the link's parameters (``links.py``) and
+the chart rows (``views.py``) are re-exported here, so a page imports one module.
 
 Everything here goes through the package root API (``fmsim.load_catalog``, ``fmsim.estimate``,
 ``fmsim.simulate``) and the scenario round trip of ``fmsim.scenario``; nothing imports
@@ -15,7 +17,6 @@ streamlit, so the tests call it directly. ``tests/test_layering.py`` checks both
 from __future__ import annotations
 
 import json
-import math
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,44 @@ from fmsim.catalog import data_root
 from fmsim.export import csv_text
 from fmsim.scenario import MAX_FILE_BYTES, load_yaml_text, scenario_from_mapping, scenario_to_mapping
 
+from .formats import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    finite,
+    delta_text,
+    _CHART_UNITS,
+    chart_value,
+    _MARKDOWN_SPECIAL,
+    article,
+    md_escape,
+    _LABELS,
+    label_of,
+    fmt_time,
+    fmt_bytes,
+    fmt_pair,
+    fmt_fit,
+    fmt_usd,
+    fmt_count,
+    fmt_pct,
+    fmt_column,
+    fmt_tokens,
+)
+from .links import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    URL_SCENARIO,
+    URL_ENGINE,
+    url_params,
+    AtLeast,
+    knobs_from_url,
+)
+from .views import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    TIMELINE_MAX_ROWS,
+    _lane,
+    timeline_rows,
+    latency_cdf,
+    memory_rows,
+    hbm_bytes,
+    breakdown_rows,
+    serving_parts,
+)
+
 TRAINING_KINDS = ("pretrain", "finetune")
 SERVING_KINDS = ("inference",)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
@@ -40,8 +79,6 @@ PRICING_OPTIONS = ("on-demand", "capacity-block", "savings-plan-1yr", "savings-p
 # so that a knob change stays under one second.
 DES_JOB_LIMIT = 12_000
 DES_S_PER_JOB = 40e-6  # the figure above, for the time a large step would take
-# A timeline with more rows than this is simplified (see timeline_rows).
-TIMELINE_MAX_ROWS = 4_000
 # Serving: the load curve's rates, as fractions of the saturation throughput.
 LOAD_FRACTIONS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.25)
 
@@ -113,80 +150,6 @@ def decode_upload(name: str, data: bytes) -> str:
         raise fmsim.ConfigError(
             f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=name
         ) from None
-
-
-# ----------------------------------------------------------------------------------------------
-# the what-if in a link (query parameters)
-
-URL_SCENARIO = "scenario"  # the bundled scenario's label
-URL_ENGINE = "engine"  # "des" | "analytical"
-
-
-def url_params(
-    defaults: Mapping[str, Any], values: Mapping[str, Any], *, scenario: str | None, engine: str = "des"
-) -> dict[str, str]:
-    """The query parameters that reproduce a page: its bundled scenario, the engine when it is not
-    the simulation, and every knob whose value differs from the scenario's (as text)."""
-    out: dict[str, str] = {}
-    if scenario:
-        out[URL_SCENARIO] = scenario
-    if engine != "des":
-        out[URL_ENGINE] = engine
-    for k, default in defaults.items():
-        v = values.get(k, default)
-        if v != default and v is not None:
-            out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class AtLeast:
-    """The values a number knob takes (``v in AtLeast(1)``), for :func:`knobs_from_url`."""
-
-    low: float
-    high: float = math.inf
-
-    def __contains__(self, v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and self.low <= v <= self.high
-
-
-def knobs_from_url(
-    defaults: Mapping[str, Any], params: Mapping[str, str], choices: Mapping[str, Sequence[Any]] | None = None
-) -> tuple[dict[str, Any], list[str]]:
-    """Knob values read back from query parameters, each as the type of its default (and one of
-    its ``choices`` where the knob is a pick list); ``(values, ignored)``, ``ignored`` naming each
-    parameter that is not a knob or not a value the knob takes (``tp=abc``)."""
-    values: dict[str, Any] = {}
-    ignored: list[str] = []
-    for k, text in params.items():
-        if k in (URL_SCENARIO, URL_ENGINE):
-            continue
-        if k not in defaults:
-            ignored.append(f"{k}={text} (no such knob)")
-            continue
-        default = defaults[k]
-        try:
-            if isinstance(default, bool):
-                if text not in ("true", "false"):
-                    raise ValueError
-                v: Any = text == "true"
-            elif isinstance(default, int):
-                v = int(text)
-            elif isinstance(default, float):
-                v = float(text)
-                if not math.isfinite(v):
-                    raise ValueError
-            else:
-                v = text
-        except ValueError:
-            ignored.append(f"{k}={text} (expected {'a whole number' if isinstance(default, int) else 'a number'})")
-            continue
-        opts = (choices or {}).get(k)
-        if opts is not None and v not in opts:
-            ignored.append(f"{k}={text} (not one of the knob's choices)")
-            continue
-        values[k] = v
-    return values, ignored
 
 
 # ----------------------------------------------------------------------------------------------
@@ -793,203 +756,6 @@ def price_note(result: Any) -> str:
     return str(det.get("price_source") or f"{result.instance} has no price for this pricing option")
 
 
-def finite(x: Any) -> float | None:
-    """``x`` as a float when it is a finite number, else None (None, inf, NaN, text)."""
-    if isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-# ----------------------------------------------------------------------------------------------
-# chart data
-
-
-def _lane(name: str) -> tuple[tuple[int, int, str], str]:
-    """Sort key and display name of a trace thread (stage N compute, its DP stream, sends)."""
-    for prefix, rank, shown in (("stage", 0, "stage {} compute"), ("dp", 1, "stage {} DP comm")):
-        if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            n = int(name[len(prefix) :])
-            return (n, rank, ""), shown.format(n)
-    if name == "async":
-        return (1 << 30, 0, name), "pipeline sends"
-    return (1 << 30, 1, name), name
-
-
-def timeline_rows(
-    events: Sequence[Mapping[str, Any]], max_rows: int = TIMELINE_MAX_ROWS
-) -> tuple[tuple[tuple[str, float, float, str, str], ...], str]:
-    """Gantt rows ``(lane, start_s, end_s, category, label)`` from Chrome-trace events.
-
-    Spans of one category that touch on a lane are merged. When that leaves more than
-    ``max_rows`` rows the pipeline sends' lane is left out first; then, if still too many, each
-    lane is cut into equal time bins; a bin at least 30 % busy shows the category that fills most
-    of it (runs of equal bins merged), so the chart stays small whatever the step's size. The
-    note says what was simplified.
-    """
-    names = {
-        e.get("tid"): str(e.get("args", {}).get("name", e.get("tid")))
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
-    }
-    spans = [e for e in events if e.get("ph") == "X" and float(e.get("dur", 0)) > 0]
-    if not spans:
-        return (), "The simulation recorded no timeline."
-    by_lane: dict[str, list[tuple[float, float, str, str]]] = {}
-    keys: dict[str, tuple[int, int, str]] = {}
-    for e in spans:
-        key, lane = _lane(names.get(e.get("tid"), str(e.get("tid"))))
-        keys[lane] = key
-        t0 = float(e["ts"]) * 1e-6
-        by_lane.setdefault(lane, []).append(
-            (t0, t0 + float(e["dur"]) * 1e-6, str(e.get("cat", "")), str(e.get("name", "")))
-        )
-    end = max(b for v in by_lane.values() for _, b, _, _ in v)
-    tol = end * 1e-6
-    merged: dict[str, list[tuple[float, float, str, str]]] = {}
-    for lane, items in by_lane.items():
-        out: list[list[Any]] = []
-        for a, b, cat, label in sorted(items):
-            if out and out[-1][2] == cat and a - out[-1][1] <= tol and b >= out[-1][1]:
-                out[-1][1] = b
-                out[-1][4] += 1
-            else:
-                out.append([a, b, cat, label, 1])
-        merged[lane] = [(a, b, cat, label if n == 1 else f"{n} {cat} spans") for a, b, cat, label, n in out]
-    notes = []
-    if sum(len(v) for v in merged.values()) > max_rows and "pipeline sends" in merged:
-        n = len(by_lane["pipeline sends"])
-        del merged["pipeline sends"]
-        notes.append(f"the {n:,} pipeline sends are left out")
-    lanes = sorted(merged, key=lambda n: keys[n])
-    if sum(len(v) for v in merged.values()) <= max_rows:
-        rows = [(lane, a, b, c, lab) for lane in lanes for a, b, c, lab in merged[lane]]
-        return tuple(rows), (f"{len(spans):,} simulated spans; " + "; ".join(notes) + ".") if notes else ""
-    nbins = max(20, max_rows // len(lanes))
-    width = end / nbins
-    rows = []
-    for lane in lanes:
-        fill: list[dict[str, float]] = [{} for _ in range(nbins)]
-        for a, b, cat, _ in merged[lane]:
-            i0, i1 = int(a / width), min(nbins - 1, int(b / width))
-            for i in range(max(0, i0), i1 + 1):
-                lo, hi = max(a, i * width), min(b, (i + 1) * width)
-                if hi > lo:
-                    fill[i][cat] = fill[i].get(cat, 0.0) + (hi - lo)
-        run: tuple[str, int] | None = None
-        for i in range(nbins + 1):
-            cat = ""
-            if i < nbins and fill[i]:
-                top = max(fill[i], key=lambda c: (fill[i][c], c))
-                if sum(fill[i].values()) >= 0.3 * width:  # a mostly idle bin stays empty
-                    cat = top
-            if run is not None and cat != run[0]:
-                n = i - run[1]
-                rows.append((lane, run[1] * width, i * width, run[0], f"{run[0]} ({n} bin{'s' * (n > 1)})"))
-                run = None
-            if cat and run is None:
-                run = (cat, i)
-    notes.append(f"drawn in {nbins} time bins per lane, each showing what fills most of it")
-    note = (
-        f"{len(spans):,} simulated spans; "
-        + "; ".join(notes)
-        + ". `fmsim run --trace FILE` writes every span for Perfetto."
-    )
-    return tuple(rows), note
-
-
-def latency_cdf(result: Any) -> tuple[list[dict[str, Any]], str]:
-    """CDF points ``{metric, latency_s, quantile}`` of TTFT, TPOT and end-to-end latency.
-
-    Uses the samples the serving simulator leaves in ``details["latency_samples"]`` (a mapping
-    metric -> list of seconds) when there are any, else the percentiles among the metrics
-    (p50/p90/p99). Returns ``(points, source)`` with ``source`` "samples" or "percentiles".
-    """
-    det = result.details if isinstance(getattr(result, "details", None), Mapping) else {}
-    samples = det.get("latency_samples")
-    points: list[dict[str, Any]] = []
-    if isinstance(samples, Mapping) and samples:
-        for metric in ("ttft", "tpot", "e2e"):
-            xs = sorted(float(x) for x in samples.get(metric, ()) if finite(x) is not None)
-            if not xs:
-                continue
-            n = len(xs)
-            step = max(1, n // 200)
-            for i in list(range(0, n, step)) + [n - 1]:
-                points.append({"metric": metric, "latency_s": xs[i], "quantile": (i + 1) / n})
-        if points:
-            return points, "samples"
-    for metric in ("ttft", "tpot", "e2e"):
-        for q in (50, 90, 99):
-            v = finite(result.metrics.get(f"{metric}_p{q}_s"))
-            if v is not None:
-                points.append({"metric": metric, "latency_s": v, "quantile": q / 100})
-    return points, "percentiles"
-
-
-def memory_rows(result: Any) -> list[dict[str, Any]]:
-    """Bytes per GPU by part, per pipeline stage when the result has them (training)."""
-    det = result.details if isinstance(result.details, Mapping) else {}
-    stages = det.get("memory_by_stage")
-    rows = []
-    if isinstance(stages, Sequence) and stages and not isinstance(stages, str):
-        for i, st in enumerate(stages):
-            for part, b in st.items():
-                if part != "total" and finite(b) and b > 0:
-                    rows.append({"stage": f"stage {i}", "part": str(part), "bytes": float(b)})
-        return rows
-    for part, b in result.memory.items():
-        if part not in ("hbm", "total") and finite(b) and b > 0:
-            rows.append({"stage": "per GPU", "part": str(part), "bytes": float(b)})
-    return rows
-
-
-def hbm_bytes(result: Any) -> float | None:
-    """HBM per GPU of the result's accelerator."""
-    return finite(result.metrics.get("hbm_per_gpu_bytes")) or finite(result.memory.get("hbm"))
-
-
-def breakdown_rows(results: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Step-time parts ``{run, part, seconds}`` of each ``(name, result)`` (training)."""
-    rows = []
-    for name, res in results:
-        for part, s in res.breakdown.items():
-            if finite(s) and s > 0:
-                rows.append({"run": name, "part": str(part), "seconds": float(s)})
-    return rows
-
-
-def serving_parts(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Serving breakdowns as bar rows ``{run, part, seconds}``: where a request's time goes
-    (``Result.breakdown``: queue, prefill, decode ...) and what one decode step is made of
-    (``details["decode_step_s"]``, or older ``decode_step_*`` breakdown entries)."""
-    request, step = [], []
-    det = result.details if isinstance(result.details, Mapping) else {}
-    parts = det.get("decode_step_s")
-    if isinstance(parts, Mapping):
-        for k, v in parts.items():
-            if finite(v) and v > 0 and k not in ("step_s", "total_s", "step", "total"):
-                step.append({"run": "decode step", "part": str(k).removesuffix("_s"), "seconds": float(v)})
-    for k, v in result.breakdown.items():
-        if not (finite(v) and v > 0):
-            continue
-        if k.startswith("decode_step_"):
-            if k != "decode_step_s" and not isinstance(parts, Mapping):
-                step.append(
-                    {
-                        "run": "decode step",
-                        "part": k.removeprefix("decode_step_").removesuffix("_s"),
-                        "seconds": float(v),
-                    }
-                )
-        elif k != "prefill_alone_s":
-            request.append({"run": "mean request", "part": k.removesuffix("_s"), "seconds": float(v)})
-    return request, step
-
-
 # ----------------------------------------------------------------------------------------------
 # comparison
 
@@ -1042,27 +808,6 @@ def plan_summary(sc: Any, result: Any) -> dict[str, str]:
     }
 
 
-# The unit each charted column is drawn in: (scale from the column's SI value, unit).
-_CHART_UNITS = {
-    "mfu": (100.0, "%"),
-    "tokens_per_s": (1.0, "tokens/s"),
-    "output_tokens_per_s": (1.0, "tokens/s"),
-    "cost_usd": (1.0, "$"),
-    "usd_per_hour": (1.0, "$/h"),
-    "usd_per_million_output_tokens": (1.0, "$ per M tokens"),
-    "time_to_train_s": (1 / 86400.0, "days"),
-}
-
-
-def chart_value(col: str, v: Any) -> tuple[float | None, str]:
-    """A column's value in the unit its chart axis shows, and the axis title with the unit
-    (``Step time (s)``, ``MFU (%)``, ``Time to train (days)``)."""
-    scale, unit = _CHART_UNITS.get(col, (1.0, "s" if col.endswith("_s") else ""))
-    x = finite(v)
-    title = f"{label_of(col)} ({unit})" if unit else label_of(col)
-    return (None if x is None else x * scale), title
-
-
 def compare_table(
     runs: Sequence[tuple[str, Any]], plans: Sequence[Mapping[str, str]] | None = None
 ) -> list[dict[str, Any]]:
@@ -1106,170 +851,3 @@ def _value(res: Any, col: str) -> Any:
     return res.metrics.get(col)
 
 
-def delta_text(a: Any, b: Any) -> str:
-    """``+12.3 %`` from ``a`` to ``b`` (numbers), ``same``/``changed`` otherwise."""
-    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
-        return "same" if a == b else "changed"
-    fa, fb = finite(a), finite(b)
-    if fa is None or fb is None:
-        return "-"
-    if fa == 0:
-        return "same" if fb == 0 else "-"
-    return f"{100 * (fb - fa) / abs(fa):+.1f} %"
-
-
-# ----------------------------------------------------------------------------------------------
-# formats (what the pages show; tests compare with these)
-
-# Characters that change how Streamlit's Markdown shows a message mid-line: CommonMark's
-# emphasis, code, links and HTML, GitHub's tables and strike-through, Streamlit's LaTeX ($) and
-# colour directives (:red[..]). Each is ASCII punctuation, which CommonMark lets a backslash
-# escape, so the escaped text renders exactly as written. (Messages start with a file name, so
-# the line-start markers -, +, #, 1. never occur where they would count.)
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>$~|])")
-
-
-def article(word: str) -> str:
-    """"an" before a vowel sound (an inference, an RL run), else "a"."""
-    return "an" if word[:1].lower() in "aeiou" else "a"
-
-
-def md_escape(text: Any) -> str:
-    """``text`` escaped for ``st.error``/``st.info``/``st.markdown``: shown as written
-    (``dp*micro_batch = 3*1 = 3`` keeps its stars, ``ep_size`` its underscore)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text)).replace("\n", "  \n")
-
-
-_LABELS = {
-    "gpus": "GPUs",
-    "step_time_s": "Step time",
-    "mfu": "MFU",
-    "tokens_per_s": "Tokens/s",
-    "memory_per_gpu_bytes": "Memory per GPU",
-    "fits": "Fits in HBM",
-    "usd_per_hour": "Cluster $/h",
-    "time_to_train_s": "Time to train",
-    "cost_usd": "Cost to train",
-    "bottleneck": "Bottleneck",
-    "ttft_p50_s": "TTFT p50",
-    "ttft_p99_s": "TTFT p99",
-    "tpot_p50_s": "TPOT p50",
-    "tpot_p99_s": "TPOT p99",
-    "e2e_p50_s": "E2E p50",
-    "e2e_p99_s": "E2E p99",
-    "output_tokens_per_s": "Output tokens/s",
-    "requests_per_s": "Requests/s",
-    "usd_per_million_output_tokens": "$ per M output tokens",
-    "usd_per_query": "$ per answered question",
-}
-
-
-def label_of(col: str) -> str:
-    return _LABELS.get(col, col)
-
-
-def fmt_time(s: Any) -> str:
-    """Seconds for people: ``15.6 s``, ``8.61 ms``, ``3.2 h``, ``98.4 d``, ``7.08 years``."""
-    v = finite(s)
-    if v is None:
-        return "-" if s is None else ("unbounded" if s == math.inf else "-")
-    a = abs(v)
-    if a >= 365.25 * 86400:
-        return f"{v / (365.25 * 86400):.3g} years"
-    for unit, scale in (
-        ("d", 86400.0),
-        ("h", 3600.0),
-        ("min", 60.0),
-        ("s", 1.0),
-        ("ms", 1e-3),
-        ("µs", 1e-6),
-        ("ns", 1e-9),
-    ):
-        if a >= scale or unit == "ns":
-            return f"{v / scale:.3g} {unit}" if v else "0 s"
-    return f"{v:g} s"  # pragma: no cover
-
-
-def fmt_bytes(b: Any) -> str:
-    v = finite(b)
-    if v is None:
-        return "-"
-    return f"{v / 2**30:.1f} GiB" if abs(v) >= 2**30 else f"{v / 2**20:.0f} MiB"
-
-
-def fmt_pair(a: Any, b: Any) -> str:
-    """Two times, sharing the unit when they can: ``12.5 / 14.9 ms``, ``45 ms / 1.2 s``."""
-    ta, tb = fmt_time(a), fmt_time(b)
-    ua, ub = ta.rpartition(" ")[2], tb.rpartition(" ")[2]
-    if " " in ta and ua == ub:
-        return f"{ta.rpartition(' ')[0]} / {tb}"
-    return f"{ta} / {tb}"
-
-
-def fmt_fit(need: Any, have: Any) -> str:
-    """Memory needed against memory there: ``53.1 / 80 GiB``."""
-    n, h = finite(need), finite(have)
-    if n is None:
-        return "-"
-    if h is None:
-        return fmt_bytes(n)
-    return f"{n / 2**30:.1f} / {h / 2**30:.0f} GiB"
-
-
-def fmt_usd(x: Any) -> str:
-    v = finite(x)
-    if v is None:
-        return "no price"
-    if abs(v) >= 1e6:
-        return f"${v / 1e6:,.2f} M"
-    if abs(v) >= 1:
-        return f"${v:,.2f}"
-    return f"${v:.4g}"
-
-
-def fmt_count(x: Any, unit: str = "") -> str:
-    v = finite(x)
-    if v is None:
-        return "-"
-    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {p}{unit}".rstrip()
-    return f"{v:.3g} {unit}".rstrip()
-
-
-def fmt_pct(x: Any) -> str:
-    v = finite(x)
-    return "-" if v is None else f"{100 * v:.1f} %"
-
-
-def fmt_column(col: str, v: Any) -> str:
-    """A result column as the pages show it (units from the name)."""
-    if v is None:
-        return "-"
-    if col == "fits" or isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, str):
-        return v
-    if col in ("mfu", "hfu") or col.startswith("kv_utilization") or col.endswith("_fraction"):
-        return fmt_pct(v)
-    if col.startswith("usd") or col.endswith("usd"):
-        return fmt_usd(v)
-    if col.endswith("_per_s"):
-        return fmt_count(v, "/s")
-    if col.endswith("_bytes"):
-        return fmt_bytes(v)
-    if col.endswith("_s"):
-        return fmt_time(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def fmt_tokens(x: float | None) -> str:
-    """A token count as the scenario files write it (``15T``, ``1.5T``, ``300B`` -> ``300G``)."""
-    if x is None:
-        return ""
-    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:g}{p}"
-    return f"{x:g}"
