@@ -258,7 +258,8 @@ def test_the_whatif_yaml_loads_back_identically_and_fmsim_run_gives_the_same_num
                           "name": "llama3-70b-p5-whatif"}
     )
     # the same plan; its expect: bands are its own numbers (see the fmsim check test below)
-    assert dataclasses.replace(again, file=None, expect={}) == dataclasses.replace(expect, file=None, expect={})
+    same = dataclasses.replace(expect, file=None, expect={})
+    assert dataclasses.replace(again, file=None, expect={}) == same
     out_csv = tmp_path / "run.csv"
     assert main(["run", str(path), "--csv", str(out_csv)]) == 0
     capsys.readouterr()
@@ -743,14 +744,16 @@ def test_serving_load_curve_says_it_is_the_estimate_marks_the_offered_load_and_o
     curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
     spec = charts.load_curve(curve, 20.0).to_dict()
     marks = [layer["mark"]["type"] for layer in spec["layer"]]
-    assert marks[0] == "rect" and "rule" in marks and "text" in marks      # overload band, offered load
-    assert "offered 20/s" in json.dumps(spec["datasets"])
+    assert marks[0] == "rect" and marks[-1] == "rule"                      # overload band, offered load
+    assert "dashed line: this what-if, offered 20/s" in json.dumps(spec)
     at.text_input(key="serve.rate").set_value("1000/s").run()
     assert not at.exception
     curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
     cap = curve[0]["saturation_requests_per_s"]
-    assert cap < 1000 and [p["overloaded"] for p in curve] == [p["offered_requests_per_s"] > cap for p in curve]
-    assert "Overloaded: 1 k/s offered" in texts(at.warning) and logic.fmt_count(cap, "/s") in texts(at.warning)
+    assert cap < 1000
+    assert [p["overloaded"] for p in curve] == [p["offered_requests_per_s"] > cap for p in curve]
+    warning = texts(at.warning)
+    assert "Overloaded: 1 k/s offered" in warning and logic.fmt_count(cap, "/s") in warning
     assert "Infeasible plan" in texts(at.error)
     assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
 
@@ -774,7 +777,9 @@ def test_state_survives_switching_pages_and_the_link_reproduces_the_page():
     assert shown(at)["Step time"] == step
     # a colleague opens the link: a new session with the same query parameters
     other = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
-    other.query_params.update({"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5", "tp": "x"})
+    other.query_params.update(
+        {"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5", "tp": "x"}
+    )
     other.switch_page("pages/1_Training.py")
     other.run()
     assert not other.exception
@@ -784,10 +789,12 @@ def test_state_survives_switching_pages_and_the_link_reproduces_the_page():
 
 
 def test_knobs_from_url_read_each_knob_as_its_type_and_refuse_what_it_does_not_take():
-    defaults = {"tp": 8, "moe_imbalance": 1.0, "sequence_parallel": True, "recompute": "selective", "name": ""}
+    defaults = {"tp": 8, "moe_imbalance": 1.0, "sequence_parallel": True, "recompute": "selective",
+                "name": ""}
     params = logic.url_params(defaults, {**defaults, "tp": 4, "sequence_parallel": False}, scenario="a.yaml")
     assert params == {"scenario": "a.yaml", "tp": "4", "sequence_parallel": "false"}
-    values, ignored = logic.knobs_from_url(defaults, {**params, "recompute": "most", "zz": "1", "moe_imbalance": "nan"},
+    bad = {"recompute": "most", "zz": "1", "moe_imbalance": "nan"}
+    values, ignored = logic.knobs_from_url(defaults, {**params, **bad},
                                            {"recompute": ["none", "selective", "full"], "tp": [1, 2, 4, 8]})
     assert values == {"tp": 4, "sequence_parallel": False}
     assert ignored == ["recompute=most (not one of the knob's choices)", "zz=1 (no such knob)",
@@ -820,8 +827,10 @@ def _sidebar_labels(at: AppTest) -> list[str]:
     return [str(getattr(e, "label", "")) for e in at.sidebar if getattr(e, "label", None)]
 
 
-@pytest.mark.parametrize("page, first", [("1_Training.py", ("Nodes", "Tensor parallel (tp)", "Pipeline (pp)")),
-                                         ("2_Serving.py", ("Nodes", "Tensor parallel (tp)"))])
+@pytest.mark.parametrize("page, first", [
+    ("1_Training.py", ("Nodes", "Tensor parallel (tp)", "Pipeline (pp)")),
+    ("2_Serving.py", ("Nodes", "Tensor parallel (tp)")),
+])
 def test_cluster_size_and_parallelism_are_the_first_knobs(page, first):
     at = open_page(page)
     labels = _sidebar_labels(at)
@@ -871,8 +880,8 @@ def test_charts_keep_their_legends_whole_base_above_the_whatif_and_label_the_hbm
     mem = charts.memory_bar([{"stage": "stage 0", "part": "attention_prefill_workspace", "bytes": 2.0**34}],
                             80 * 2**30).to_dict()
     assert mem["layer"][0]["encoding"]["color"]["legend"]["labelLimit"] == 0
-    text = [layer for layer in mem["layer"] if layer["mark"]["type"] == "text"]
-    assert text and "HBM 80 GiB per GPU" in json.dumps(mem["datasets"])
+    assert "red dashed line: HBM 80 GiB per GPU" in mem["layer"][0]["encoding"]["y"]["title"]
+    assert [layer["mark"]["type"] for layer in mem["layer"]] == ["bar", "rule"]
     cdf = charts.latency_cdf([{"metric": "ttft", "latency_s": 0.1, "quantile": 0.5}]).to_dict()
     assert cdf["encoding"]["color"]["legend"]["labelLimit"] == 0
 
@@ -903,6 +912,21 @@ def test_the_analytical_serving_view_says_its_percentiles_are_one_value_and_requ
 def test_a_serving_scenario_on_the_training_page_is_an_inference_scenario():
     at = open_page("1_Training.py")
     text = SMALL_SERVING.format(name="wrong-page")
-    at.file_uploader(key="train.upload").set_value(("wrong-page.yaml", text.encode(), "application/x-yaml")).run()
+    upload = ("wrong-page.yaml", text.encode(), "application/x-yaml")
+    at.file_uploader(key="train.upload").set_value(upload).run()
     assert not at.exception
     assert "is an `inference` scenario: open it on the Serving page" in texts(at.warning)
+
+
+def test_the_compare_pick_survives_switching_pages():
+    at = open_page("3_Compare.py")
+    picks = ["examples/llama3-70b-p5.yaml", "examples/mixtral-8x22b-p6-b200.yaml"]
+    at.radio(key="compare.engine").set_value("analytical estimate")
+    at.multiselect(key="compare.picked").set_value(picks).run()
+    assert not at.exception
+    for page in ("1_Training.py", "3_Compare.py"):
+        at.switch_page(f"pages/{page}")
+        at.run()
+        assert not at.exception
+    assert at.multiselect(key="compare.picked").value == picks
+    assert at.radio(key="compare.engine").value == "analytical estimate"

@@ -72,7 +72,8 @@ def knobs_from_url(
             else:
                 v = text
         except ValueError:
-            ignored.append(f"{k}={text} (expected {'a whole number' if isinstance(default, int) else 'a number'})")
+            want = "a whole number" if isinstance(default, int) else "a number"
+            ignored.append(f"{k}={text} (expected {want})")
             continue
         opts = (choices or {}).get(k)
         if opts is not None and v not in opts:

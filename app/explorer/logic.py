@@ -234,12 +234,14 @@ def whatif_yaml(sc: Any, result: Any, engine: str, changed: bool) -> str:
             for col, band in base_expect.items():
                 v = finite(result.metrics.get(col))
                 if v is not None and not isinstance(result.metrics.get(col), bool):
-                    bands[col] = {"value": v, "rel_tol": band.get("rel_tol", 0.03), "abs_tol": band.get("abs_tol", 0.0)}
+                    bands[col] = {
+                        "value": v, "rel_tol": band.get("rel_tol", 0.03), "abs_tol": band.get("abs_tol", 0.0)
+                    }
         if bands:
             data["expect"] = bands
             head += (
-                "# expect: this what-if's own simulated numbers (fmsim " + fmsim.__version__ + "), with the base "
-                "scenario's tolerances: a regression check, not a measurement\n"
+                f"# expect: this what-if's own simulated numbers (fmsim {fmsim.__version__}), with the base\n"
+                "# scenario's tolerances: a regression check, not a measurement\n"
             )
         elif base_expect:
             head += "# expect: the base scenario's bands were dropped (they checked the base's numbers)\n"
@@ -508,8 +510,8 @@ def batch_offers(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()
             return []
         mb = int(knobs.get("workload.micro_batch", base.workload.micro_batch))
         inst = knobs.get("cluster.instance")
-        per_node = (fmsim.load_catalog().instances[str(inst)] if inst else base.cluster.instance).num_accelerators
-        gpus = nodes * int(per_node)
+        instance = fmsim.load_catalog().instances[str(inst)] if inst else base.cluster.instance
+        gpus = nodes * int(instance.num_accelerators)
         # a global batch every dp divides (dp divides the GPU count): the plan's dp, as the API derives it
         probe = whatif_scenario(text, file, tuple({**knobs, "workload.global_batch": gpus * mb}.items()))
     except Exception:  # noqa: BLE001 - no offer for a what-if that does not load for another reason
@@ -577,10 +579,10 @@ def run_training(
                 note=(
                     "Showing the analytical estimate (fmsim run --estimate), not the simulation you chose: "
                     f"this step would be about {jobs:,} engine jobs "
-                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline), past the explorer's "
-                    f"limit of {des_job_limit:,} that keeps a knob change under a second (about "
-                    f"{jobs * DES_S_PER_JOB:.0f} s to simulate). Tick 'Simulate large steps' in the sidebar to "
-                    "run the simulation."
+                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline), past the "
+                    f"explorer's limit of {des_job_limit:,} that keeps a knob change under a second "
+                    f"(about {jobs * DES_S_PER_JOB:.0f} s to simulate). Tick 'Simulate large steps' in the "
+                    "sidebar to run the simulation."
                 ),
                 timeline_note="No timeline: the step was not simulated (see above).",
             )
@@ -616,7 +618,10 @@ def run_serving(
                            offered_requests_per_s=offered)
         est = fmsim.estimate(sc)
         return Outcome(
-            result=est, estimate=est, engine="analytical", yaml_text=whatif_yaml(sc, est, "analytical", changed),
+            result=est,
+            estimate=est,
+            engine="analytical",
+            yaml_text=whatif_yaml(sc, est, "analytical", changed),
             offered_requests_per_s=offered,
         )
     except Exception as exc:  # noqa: BLE001
@@ -645,7 +650,9 @@ def offered_rate(sc: Any) -> float | None:
     ``'600/min'``, ``'2/h'``, the forms of ``kind: inference``); None for closed-loop or offline
     traffic, or a rate the scenario check refuses (it then says why)."""
     tr = sc.extra.get("traffic") if isinstance(sc.extra, Mapping) else None
-    if not isinstance(tr, Mapping) or tr.get("arrival") in ("closed-loop", "offline") or tr.get("concurrency"):
+    if not isinstance(tr, Mapping) or tr.get("concurrency"):
+        return None
+    if tr.get("arrival") in ("closed-loop", "offline"):
         return None
     v = tr.get("rate")
     if isinstance(v, bool) or v is None:
@@ -801,7 +808,8 @@ def plan_summary(sc: Any, result: Any) -> dict[str, str]:
     return {
         "Model": sc.workload.model.name,
         "Instance": result.instance if result is not None else sc.cluster.instance.name,
-        "Nodes": f"{result.nodes:,} ({result.gpus:,} GPUs)" if result is not None else f"{sc.cluster.nodes:,}",
+        "Nodes": (f"{result.nodes:,} ({result.gpus:,} GPUs)" if result is not None
+                  else f"{sc.cluster.nodes:,}"),
         "Parallelism": axes,
         "Precision": str(m.get("precision") or sc.workload.precision),
         "Pricing": f"{option} ({date})" if date else f"{option} (no price)",

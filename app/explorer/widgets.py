@@ -55,18 +55,18 @@ def page_setup(title: str, icon: str = "") -> None:
     st.set_page_config(page_title=f"fmsim · {title}", page_icon=icon or None, layout="wide")
 
 
-def restore(prefix: str) -> None:
+def restore(prefix: str, names: tuple[str, ...] = KEPT) -> None:
     """Put back the kept widgets' values Streamlit dropped while another page ran."""
     ss = st.session_state
-    for name in KEPT:
+    for name in names:
         key = f"{prefix}.{name}"
         if key not in ss and f"_kept.{key}" in ss:
             ss[key] = ss[f"_kept.{key}"]
 
 
-def keep(prefix: str) -> None:
+def keep(prefix: str, names: tuple[str, ...] = KEPT) -> None:
     ss = st.session_state
-    for name in KEPT:
+    for name in names:
         key = f"{prefix}.{name}"
         if key in ss:
             ss[f"_kept.{key}"] = ss[key]
@@ -151,7 +151,8 @@ def scenario_source(prefix: str, kinds: tuple[str, ...], *, what: str, preferred
         )
     keep(prefix)
     if stored and (ss.get(from_key) == UPLOADED or not choices):
-        return Source(label=stored[0], text=stored[1], origin=UPLOADED, other=ss.get(key, "") if choices else "")
+        other = ss.get(key, "") if choices else ""
+        return Source(label=stored[0], text=stored[1], origin=UPLOADED, other=other)
     if not choices:
         return None
     label = ss[key]
@@ -214,7 +215,9 @@ def knob_scenario(prefix: str, source: Source, kinds: tuple[str, ...], other_pag
     seed_knobs(prefix, source, defaults, knob_choices(defaults, cat) if knob_choices else None)
     ignored = st.session_state.pop(f"{prefix}._url_ignored", None)
     if ignored:
-        st.warning("The link's " + logic.md_escape("; ".join(ignored)) + ": ignored.", icon=":material/link_off:")
+        st.warning(
+            "The link's " + logic.md_escape("; ".join(ignored)) + ": ignored.", icon=":material/link_off:"
+        )
     draw_knobs(defaults, cat)
     save_knobs(prefix, list(defaults))
     write_link(prefix, source, defaults)

@@ -273,7 +273,9 @@ def main() -> None:
             offers = logic.batch_offers(source.text, source.label, overrides)
             cols = st.columns(len(offers)) if offers else []
             for col, (label, batch) in zip(cols, offers):
-                col.button(label, key=f"{P}.offer_{batch}", on_click=set_global_batch, args=(batch,), width="stretch")
+                col.button(
+                    label, key=f"{P}.offer_{batch}", on_click=set_global_batch, args=(batch,), width="stretch"
+                )
         st.session_state[f"{P}.result"] = None
         return
     render(out, base if base.ok else None, dict(overrides).get("name", sc.name))
@@ -371,7 +373,10 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")
     sentence = r.details.get("bottleneck") or m.get("bottleneck") or ""
-    st.info(f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}", icon=":material/search:")
+    st.info(
+        f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}",
+        icon=":material/search:",
+    )
     engine_line = (
         "discrete-event simulation (`fmsim run`)"
         if out.engine == "des"

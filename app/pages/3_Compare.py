@@ -51,8 +51,12 @@ def sources() -> dict[str, tuple[str, str]]:
     return out
 
 
+KEPT = ("picked", "engine", "chart")  # kept across page switches (widgets.restore)
+
+
 def main() -> None:
     st.title("Compare scenarios")
+    widgets.restore(P, KEPT)
     st.sidebar.file_uploader(
         "Load scenario YAMLs (at most 1 MiB each)",
         type=["yaml", "yml"],
@@ -74,6 +78,7 @@ def main() -> None:
         help="What-ifs kept with 'Keep for the Compare page' on the Training and Serving "
         "pages appear here, and so do uploads.",
     )
+    widgets.keep(P, KEPT)
     if len(picked) < 2:
         st.info("Pick two or more scenarios to compare.")
         return
@@ -90,7 +95,9 @@ def main() -> None:
                     continue
             out = cache.any_kind(text, file, engine)
             if not out.ok:
-                st.error(f"**{logic.md_escape(label)}**: {logic.md_escape(out.error)}", icon=":material/block:")
+                st.error(
+                    f"**{logic.md_escape(label)}**: {logic.md_escape(out.error)}", icon=":material/block:"
+                )
                 if out.hint:
                     st.info(f"**What to change:** {logic.md_escape(out.hint)}", icon=":material/lightbulb:")
                 continue
@@ -110,7 +117,10 @@ def main() -> None:
         st.warning(logic.md_escape(n), icon=":material/functions:")
     cols = [c for c in CHART_METRICS if any(logic.finite(r.get(c)) is not None for _, r in runs)]
     if cols:
+        if st.session_state.get(f"{P}.chart") not in cols:
+            st.session_state.pop(f"{P}.chart", None)
         col = st.selectbox("Chart", cols, format_func=logic.label_of, key=f"{P}.chart")
+        widgets.keep(P, ("chart",))
         data = [{"scenario": label, "value": logic.chart_value(col, r.get(col))[0]} for label, r in runs]
         st.altair_chart(
             alt.Chart(pd.DataFrame(data))
