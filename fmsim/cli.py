@@ -338,6 +338,8 @@ def _print_result(sc: Any, res: Any) -> None:
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")
+    if res.usd_per_hour is None and details.get("price_source"):  # fmsim.cost says which pricing exists
+        print(f"  no cost: {details['price_source']}")
     print()
 
 

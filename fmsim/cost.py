@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .catalog import load_catalog
+from .catalog import PRICING_OPTIONS, load_catalog
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,5 +28,17 @@ def price_for(sc) -> AppliedPrice:
     option = getattr(p, "option", None) or "on-demand"
     price = load_catalog().price(sc.cluster.instance.name, option)
     if price is None:
-        return AppliedPrice(option, None, "", "no price in the catalog for this instance and option")
+        return AppliedPrice(option, None, "", missing_price(sc.cluster.instance.name, option))
     return AppliedPrice(option, price.usd_per_hour, price.date, price.source)
+
+
+def missing_price(instance: str, option: str) -> str:
+    """Why ``instance`` has no cost under ``option``, and which pricing it does have: the one
+    sentence every face shows (``p5e.48xlarge has no on-demand price; pricing: capacity-block
+    exists (2026-07-22)``)."""
+    cat = load_catalog()
+    others = [(o, cat.price(instance, o)) for o in PRICING_OPTIONS if o != option]
+    there = ", ".join(f"{o} exists ({p.date})" for o, p in others if p is not None)
+    if not there:
+        return f"{instance} has no price in the catalog (a reference system, or an instance not priced yet)"
+    return f"{instance} has no {option} price; pricing: {there}"

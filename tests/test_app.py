@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -33,7 +35,7 @@ LLAMA = EXAMPLES / "llama3-70b-p5.yaml"
 if str(APP) not in sys.path:
     sys.path.insert(0, str(APP))
 
-from explorer import logic
+from explorer import charts, logic
 
 TIMEOUT_S = 60  # generous per-run bound on a loaded 2-core machine; not a timing assertion
 
@@ -71,7 +73,13 @@ def shown(at: AppTest) -> dict[str, str]:
 
 
 def texts(elements) -> str:
-    return "\n".join(str(e.value) for e in elements)
+    """The elements' text as a reader sees it: Markdown backslash escapes removed."""
+    return "\n".join(unescape(str(e.value)) for e in elements)
+
+
+def unescape(markdown: str) -> str:
+    """CommonMark's backslash escapes of ASCII punctuation, undone (what the browser shows)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
 
 
 def training_expect(overrides: dict | None = None, *, engine: str = "des"):
@@ -230,7 +238,8 @@ def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     assert not at.exception
     assert at.selectbox(key="train.schedule").value == "1f1b"  # vpp 1 leaves interleaving
     assert "Does not fit in memory" in texts(at.error)
-    assert logic.OOM_HINT in texts(at.info)
+    # 582 GiB a GPU: no neighbouring plan fits, so the page says so and gives the list
+    assert "None of the neighbouring plans" in texts(at.info) and "more HBM per GPU" in texts(at.info)
     assert at.session_state["train.result"]["fits"] is False
 
 
@@ -245,9 +254,12 @@ def test_the_whatif_yaml_loads_back_identically_and_fmsim_run_gives_the_same_num
     path.write_text(at.session_state["train.whatif_yaml"])
     again = fmsim.load_scenario(path)
     expect = fmsim.load_scenario(
-        LLAMA, overrides={"parallelism.tp": 4, "parallelism.dp": "auto", "pricing": "capacity-block"}
+        LLAMA, overrides={"parallelism.tp": 4, "parallelism.dp": "auto", "pricing": "capacity-block",
+                          "name": "llama3-70b-p5-whatif"}
     )
-    assert dataclasses.replace(again, file=None) == dataclasses.replace(expect, file=None)
+    # the same plan; its expect: bands are its own numbers (see the fmsim check test below)
+    same = dataclasses.replace(expect, file=None, expect={})
+    assert dataclasses.replace(again, file=None, expect={}) == same
     out_csv = tmp_path / "run.csv"
     # 3: fmsim run's exit code for a plan that does not fit (this what-if needs 86 GiB of 80); the row is written
     assert main(["run", str(path), "--csv", str(out_csv)]) in (0, 3)
@@ -281,11 +293,11 @@ def test_kept_whatif_appears_on_the_compare_page():
     at.run()
     assert not at.exception
     picked = at.multiselect(key="compare.picked").value
-    assert picked[0] == "what-if: llama3-70b-p5" and len(picked) >= 2
+    assert picked[0] == "what-if: llama3-70b-p5-whatif" and len(picked) >= 2
     table = at.dataframe[0].value
     step = table[table["metric"] == "Step time"].iloc[0]
     res = training_expect({"parallelism.tp": 4, "parallelism.dp": "auto"})
-    assert step["what-if: llama3-70b-p5"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert step["what-if: llama3-70b-p5-whatif"] == logic.fmt_time(res.metrics["step_time_s"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,7 +352,7 @@ def test_serving_slo_and_test_time_compute_knobs_reach_the_scenario():
     at.text_input(key="serve.ttft_p99").set_value("1 ms")
     at.number_input(key="serve.samples").set_value(4)
     at.selectbox(key="serve.strategy").set_value("self-consistency").run()
-    assert not at.exception and not at.error
+    assert not at.exception and "Infeasible plan" in texts(at.error)  # a 1 ms TTFT is out of reach
     doc = yaml.safe_load(at.session_state["serve.whatif_yaml"])
     assert doc["slo"]["ttft_p99"] == "1 ms"
     assert doc["test_time_compute"] == {"samples": 4, "strategy": "self-consistency"}
@@ -579,3 +591,343 @@ def test_a_pipeline_or_recompute_knob_drops_activation_offloading():
     for knobs in ((("parallelism.pp", 2), ("parallelism.dp", 32)), (("parallelism.recompute", "selective"),)):
         assert logic.whatif_scenario(text, "f.yaml", knobs).parallelism.offload_activations == 0
     assert logic.whatif_scenario(text, "f.yaml", (("workload.micro_batch", 1),)).parallelism.offload_activations == 40
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 31: faces that planners can trust
+
+
+def test_messages_are_escaped_so_markdown_shows_them_as_written():
+    msg = "x.yaml: workload.global_batch: 128 is not divisible by dp*micro_batch = 3*1 = 3 [a](b) <i> $5 ~x~"
+    esc = logic.md_escape(msg)
+    assert unescape(esc) == msg
+    for ch in "*_[]<>$~":
+        assert ch not in re.sub(r"\\.", "", esc)  # every special character is escaped
+    at = open_page("1_Training.py")
+    at.number_input(key="train.nodes").set_value(12).run()
+    assert not at.exception
+    raw = "\n".join(str(e.value) for e in at.error)
+    assert r"dp\*micro\_batch = 3\*1 = 3" in raw
+
+
+def test_a_rate_that_is_not_a_number_is_a_located_message_with_its_rule():
+    text = SMALL_SERVING.format(name="rate")
+    out = logic.run_serving(text, "rate.yaml", (("traffic.rate", "fast"),), engine="analytical")
+    assert not out.ok
+    assert out.error == (
+        "rate.yaml: traffic.rate: cannot read 'fast' as a request rate (expected requests per second: "
+        "12, '12/s', '600/min', '2/h' or 'inf')"
+    )
+
+
+def test_a_missing_price_names_the_pricing_that_exists_in_the_cli_and_on_the_page(capsys):
+    cat = fmsim.load_catalog()
+    block = cat.price("p5e.48xlarge", "capacity-block")
+    assert cat.price("p5e.48xlarge", "on-demand") is None and block is not None
+    want = f"p5e.48xlarge has no on-demand price; pricing: capacity-block exists ({block.date})"
+    assert main(["run", str(LLAMA), "--estimate", "--set", "cluster.instance=p5e.48xlarge"]) == 0
+    assert f"no cost: {want}" in capsys.readouterr().out
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.selectbox(key="train.instance").set_value("p5e.48xlarge").run()
+    assert not at.exception
+    assert want in texts(at.warning)
+    assert shown(at)["Cost to train"] == "no price"
+
+
+def test_a_plan_that_does_not_fit_shows_no_better_arrows_and_names_a_neighbour_that_fits():
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(2).run()          # tp 2, pp 4: about 160 GiB a GPU
+    assert not at.exception
+    res = training_expect({"parallelism.tp": 2, "parallelism.dp": "auto"})
+    assert res.metrics["fits"] is False
+    assert "Infeasible plan" in texts(at.error) and "does not fit in memory" in texts(at.error)
+    metrics = {m.label: m for m in at.metric}
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in metrics.values())
+    for label in ("Step time", "Tokens/s", "Cost to train", "Time to train"):
+        assert metrics[label].proto.color == metrics[label].proto.MetricColor.GRAY, label
+    mem = metrics["Memory per GPU"]
+    assert mem.proto.color == mem.proto.MetricColor.RED and "over HBM" in mem.delta
+    hint = next(t for t in texts(at.info).splitlines() if "What to change" in t)
+    assert hint.startswith("**What to change:** Try ")
+    # the change it names does fit, by the estimate
+    named = {"recompute full": {"parallelism.recompute": "full"}, "tp 4": {"parallelism.tp": 4},
+             "pp 8": {"parallelism.pp": 8}, "ZeRO stage 2": {"parallelism.zero": 2}}
+    change = {}
+    for words, ov in named.items():
+        if f"Try {words} " in hint or f"and {words} " in hint:
+            change.update(ov)
+    assert change, hint
+    fixed = fmsim.estimate(fmsim.load_scenario(LLAMA, overrides={"parallelism.tp": 2, **change,
+                                                                 "parallelism.dp": "auto"}))
+    assert fixed.metrics["fits"] is True
+    assert logic.fmt_fit(fixed.metrics["memory_per_gpu_bytes"], fixed.metrics["hbm_per_gpu_bytes"]) in hint
+
+
+def test_a_serving_plan_that_misses_its_slo_is_marked_infeasible_without_better_arrows():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-slo-miss")
+    at.text_input(key="serve.ttft_p99").set_value("1 ms").run()
+    assert not at.exception
+    assert "Infeasible plan" in texts(at.error) and "misses its SLOs" in texts(at.error)
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
+
+
+def test_fit_suggestion_tries_the_neighbouring_plans_with_the_estimate():
+    text = LLAMA.read_text()
+    assert logic.fit_suggestion(text, "x.yaml") == ""                       # fits already: nothing
+    hint = logic.fit_suggestion(text, "x.yaml", (("parallelism.tp", 2), ("parallelism.dp", "auto")))
+    assert hint.startswith("Try ") and "it fits" in hint
+
+
+def test_a_downloaded_whatif_takes_its_name_passes_fmsim_check_and_simulates_to_the_pages_numbers(
+    tmp_path, capsys
+):
+    at = open_page("1_Training.py")
+    at.select_slider(key="train.tp").set_value(4).run()
+    assert not at.exception
+    text = at.session_state["train.whatif_yaml"]
+    doc = yaml.safe_load(text)
+    assert doc["name"] == "llama3-70b-p5-whatif"
+    assert "measured" not in doc and set(doc["expect"]) == {"step_time_s", "mfu", "memory_per_gpu_bytes"}
+    page = at.session_state["train.result"]
+    assert doc["expect"]["step_time_s"]["value"] == page["step_time_s"]        # re-derived, not the base's
+    path = tmp_path / "whatif.yaml"
+    path.write_text(text)
+    again = fmsim.simulate(fmsim.load_scenario(path))
+    assert again.metrics["step_time_s"] == page["step_time_s"] and again.metrics["mfu"] == page["mfu"]
+    assert shown(at)["Step time"] == logic.fmt_time(again.metrics["step_time_s"])
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    assert "3 of 3 metrics in band" in capsys.readouterr().out
+    # from the analytical estimate: the bands (of the simulation) are dropped, never carried over
+    at.radio(key="train.engine").set_value("analytical estimate").run()
+    doc = yaml.safe_load(at.session_state["train.whatif_yaml"])
+    assert doc["name"] == "llama3-70b-p5-whatif" and "expect" not in doc
+
+
+def test_compare_says_what_each_plan_is_and_its_chart_axis_carries_the_unit():
+    at = open_page("3_Compare.py")
+    picked = at.multiselect(key="compare.picked").value
+    table = at.dataframe[0].value.set_index("metric")
+    for p in picked:
+        sc = fmsim.load_scenario(ROOT / "scenarios" / p)
+        res = fmsim.simulate(sc)
+        col = table[p]
+        assert col["Model"] == sc.workload.model.name and col["Instance"] == res.instance
+        assert col["Nodes"] == f"{res.nodes:,} ({res.gpus:,} GPUs)"
+        for axis in ("tp", "pp", "dp", "cp", "ep"):
+            assert f"{axis} {res.metrics[axis]}" in col["Parallelism"]
+        assert col["Precision"] == sc.workload.precision
+        assert col["Pricing"] == f"{res.metrics['pricing_option']} ({res.price_date})"
+    assert table[f"Δ {picked[1]}"]["Model"] == "changed"
+    spec = at.get("vega_lite_chart")[0].proto.spec
+    assert '"title": "Step time (s)"' in spec or '"title":"Step time (s)"' in spec
+
+
+def test_offered_rate_reads_the_forms_the_traffic_section_takes():
+    from fmsim.workloads.inference_spec import _parse_rate_per_s
+
+    for rate in (12, 2.5, "12/s", "600/min", "7200/h", "30 qps", "4rps", "1e2/s"):
+        sc = logic.load_base(SMALL_SERVING.format(name="r").replace("rate: 20/s", f"rate: {rate}"), "r.yaml")
+        assert logic.offered_rate(sc) == pytest.approx(_parse_rate_per_s(rate)), rate
+    closed = SMALL_SERVING.format(name="c").replace("arrival: poisson, rate: 20/s", "concurrency: 4")
+    assert logic.offered_rate(logic.load_base(closed, "c.yaml")) is None
+
+
+def test_serving_load_curve_says_it_is_the_estimate_marks_the_offered_load_and_overload():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-load")
+    assert not texts(at.warning)                                   # 20/s: well within the plan
+    titles = [h.value for h in at.subheader]
+    assert "Throughput against load (analytical estimate)" in titles
+    assert "discrete-event simulation's, so they can differ" in texts(at.caption)
+    curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
+    spec = charts.load_curve(curve, 20.0).to_dict()
+    marks = [layer["mark"]["type"] for layer in spec["layer"]]
+    assert marks[0] == "rect" and marks[-1] == "rule"                      # overload band, offered load
+    assert "dashed line: this what-if, offered 20/s" in json.dumps(spec)
+    at.text_input(key="serve.rate").set_value("1000/s").run()
+    assert not at.exception
+    curve, _ = logic.load_curve(SMALL_SERVING.format(name="app-test-load"), "x.yaml")
+    cap = curve[0]["saturation_requests_per_s"]
+    assert cap < 1000
+    assert [p["overloaded"] for p in curve] == [p["offered_requests_per_s"] > cap for p in curve]
+    warning = texts(at.warning)
+    assert "Overloaded: 1 k/s offered" in warning and logic.fmt_count(cap, "/s") in warning
+    assert "Infeasible plan" in texts(at.error)
+    assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
+
+
+def test_state_survives_switching_pages_and_the_link_reproduces_the_page():
+    at = open_page("1_Training.py")
+    mixtral = "examples/mixtral-8x22b-p6-b200.yaml"
+    at.selectbox(key="train.bundled").set_value(mixtral).run()
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.number_input(key="train.moe_imbalance").set_value(1.5).run()
+    assert not at.exception and not at.error
+    step = shown(at)["Step time"]
+    assert dict(at.query_params) == {"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5"}
+    for page in ("2_Serving.py", "3_Compare.py", "1_Training.py"):
+        at.switch_page(f"pages/{page}")
+        at.run()
+        assert not at.exception
+    assert at.selectbox(key="train.bundled").value == mixtral
+    assert at.radio(key="train.engine").value == "analytical estimate"
+    assert at.number_input(key="train.moe_imbalance").value == 1.5
+    assert shown(at)["Step time"] == step
+    # a colleague opens the link: a new session with the same query parameters
+    other = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
+    other.query_params.update(
+        {"scenario": mixtral, "engine": "analytical", "moe_imbalance": "1.5", "tp": "x"}
+    )
+    other.switch_page("pages/1_Training.py")
+    other.run()
+    assert not other.exception
+    assert other.selectbox(key="train.bundled").value == mixtral
+    assert shown(other)["Step time"] == step
+    assert "tp=x (expected a whole number): ignored" in texts(other.warning)
+
+
+def test_knobs_from_url_read_each_knob_as_its_type_and_refuse_what_it_does_not_take():
+    defaults = {"tp": 8, "moe_imbalance": 1.0, "sequence_parallel": True, "recompute": "selective",
+                "name": ""}
+    params = logic.url_params(defaults, {**defaults, "tp": 4, "sequence_parallel": False}, scenario="a.yaml")
+    assert params == {"scenario": "a.yaml", "tp": "4", "sequence_parallel": "false"}
+    bad = {"recompute": "most", "zz": "1", "moe_imbalance": "nan"}
+    values, ignored = logic.knobs_from_url(defaults, {**params, **bad},
+                                           {"recompute": ["none", "selective", "full"], "tp": [1, 2, 4, 8]})
+    assert values == {"tp": 4, "sequence_parallel": False}
+    assert ignored == ["recompute=most (not one of the knob's choices)", "zz=1 (no such knob)",
+                       "moe_imbalance=nan (expected a number)"]
+
+
+def test_an_upload_and_the_bundled_picker_never_silently_override_each_other():
+    at = open_page("1_Training.py")
+    mine = LLAMA.read_text().replace("name: llama3-70b-p5", "name: mine").replace("nodes: 8", "nodes: 16")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.file_uploader(key="train.upload").set_value(("mine.yaml", mine.encode(), "application/x-yaml")).run()
+    assert not at.exception and not at.error
+    line = texts(at.caption)
+    assert "Scenario in use: uploaded file **mine.yaml**" in line
+    assert "(the bundled pick examples/llama3-70b-p5.yaml is not in use)" in line
+    assert at.radio(key="train.from").value == "uploaded"
+    up = fmsim.estimate(logic.load_base(mine, "mine.yaml"))
+    assert shown(at)["Step time"] == logic.fmt_time(up.metrics["step_time_s"])
+    assert dict(at.query_params) == {}                                  # a link cannot carry the file
+    at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()
+    assert not at.exception
+    assert "Scenario in use: bundled scenario **examples/mixtral-8x22b-p6-b200.yaml**" in texts(at.caption)
+    assert at.radio(key="train.from").value == "bundled"
+    at.radio(key="train.from").set_value("uploaded").run()
+    assert "Scenario in use: uploaded file **mine.yaml**" in texts(at.caption)
+    assert shown(at)["Step time"] == logic.fmt_time(up.metrics["step_time_s"])
+
+
+def _sidebar_labels(at: AppTest) -> list[str]:
+    return [str(getattr(e, "label", "")) for e in at.sidebar if getattr(e, "label", None)]
+
+
+@pytest.mark.parametrize("page, first", [
+    ("1_Training.py", ("Nodes", "Tensor parallel (tp)", "Pipeline (pp)")),
+    ("2_Serving.py", ("Nodes", "Tensor parallel (tp)")),
+])
+def test_cluster_size_and_parallelism_are_the_first_knobs(page, first):
+    at = open_page(page)
+    labels = _sidebar_labels(at)
+    later = [labels.index(x) for x in ("Model", "Precision", "Numbers from", "What-if name")]
+    for label in first:
+        assert labels.index(label) < min(later), (label, labels)
+
+
+def test_a_node_count_the_global_batch_does_not_fit_offers_to_keep_tokens_per_step_or_per_gpu():
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.number_input(key="train.nodes").set_value(12).run()          # 96 GPUs: dp 3 does not divide 128
+    assert not at.exception and "workload.global_batch" in texts(at.error)
+    offers = {b.label: b for b in at.button if b.label.startswith("Keep tokens per")}
+    assert len(offers) == 2
+    per_gpu = next(b for label, b in offers.items() if label.startswith("Keep tokens per GPU"))
+    assert "global batch 192" in per_gpu.label                        # 128 x 96 / 64
+    assert any("global batch 129" in label for label in offers)       # the multiple of 3 nearest 128
+    per_gpu.click().run()
+    assert not at.exception and not at.error
+    assert at.number_input(key="train.global_batch").value == 192
+    res = training_expect({"cluster.nodes": 12, "workload.global_batch": 192, "parallelism.dp": "auto"},
+                          engine="analytical")
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
+    assert res.metrics["tokens_per_s"] / res.gpus == pytest.approx(
+        training_expect(engine="analytical").metrics["tokens_per_s"] / 64, rel=0.2)
+
+
+def test_a_step_too_large_to_simulate_says_it_shows_the_estimate_and_why(monkeypatch):
+    monkeypatch.setattr(logic, "DES_JOB_LIMIT", 10)
+    at = open_page("1_Training.py")
+    assert not at.exception
+    warning = texts(at.warning)
+    assert "Showing the analytical estimate" in warning and "not the simulation you chose" in warning
+    assert "engine jobs" in warning and "limit of 10" in warning
+    est = training_expect(engine="analytical")
+    assert shown(at)["Step time"] == logic.fmt_time(est.metrics["step_time_s"])
+
+
+def test_charts_keep_their_legends_whole_base_above_the_whatif_and_label_the_hbm_line():
+    rows = logic.breakdown_rows([("base", training_expect(engine="analytical")),
+                                 ("what-if", training_expect({"parallelism.tp": 4, "parallelism.dp": "auto"},
+                                                             engine="analytical"))])
+    spec = charts.breakdown_bar(rows).to_dict()
+    assert spec["encoding"]["y"]["sort"] == ["base", "what-if"]
+    assert spec["encoding"]["color"]["legend"]["labelLimit"] == 0
+    mem = charts.memory_bar([{"stage": "stage 0", "part": "attention_prefill_workspace", "bytes": 2.0**34}],
+                            80 * 2**30).to_dict()
+    assert mem["layer"][0]["encoding"]["color"]["legend"]["labelLimit"] == 0
+    assert "red dashed line: HBM 80 GiB per GPU" in mem["layer"][0]["encoding"]["y"]["title"]
+    assert [layer["mark"]["type"] for layer in mem["layer"]] == ["bar", "rule"]
+    cdf = charts.latency_cdf([{"metric": "ttft", "latency_s": 0.1, "quantile": 0.5}]).to_dict()
+    assert cdf["encoding"]["color"]["legend"]["labelLimit"] == 0
+
+
+def test_mfu_under_fp8_says_which_peak_it_divides_by():
+    at = open_page("1_Training.py")
+    at.radio(key="train.engine").set_value("analytical estimate")
+    at.selectbox(key="train.bundled").set_value("examples/mixtral-8x22b-p6-b200.yaml").run()
+    assert not at.exception
+    mfu = next(m for m in at.metric if m.label == "MFU")
+    res = fmsim.estimate(fmsim.load_scenario(ROOT / "scenarios" / "examples" / "mixtral-8x22b-p6-b200.yaml"))
+    assert res.metrics["precision"] == "fp8"
+    peak = res.metrics["model_tflops_per_gpu"] / res.metrics["mfu"]
+    assert f"the fp8 dense peak of the GPU ({peak:,.0f} TFLOP/s)" in mfu.help
+    assert "against the bf16 peak" in mfu.help
+
+
+def test_the_analytical_serving_view_says_its_percentiles_are_one_value_and_requests_per_s_has_help():
+    at = open_page("2_Serving.py")
+    _upload_serving(at, "app-test-analytical")
+    req = next(m for m in at.metric if m.label == "Requests/s")
+    assert "requests completed per second" in req.help
+    at.radio(key="serve.engine").set_value("analytical estimate").run()
+    assert not at.exception
+    assert "deterministic" in texts(at.caption) and "p50, p90 and p99 are equal" in texts(at.caption)
+
+
+def test_a_serving_scenario_on_the_training_page_is_an_inference_scenario():
+    at = open_page("1_Training.py")
+    text = SMALL_SERVING.format(name="wrong-page")
+    upload = ("wrong-page.yaml", text.encode(), "application/x-yaml")
+    at.file_uploader(key="train.upload").set_value(upload).run()
+    assert not at.exception
+    assert "is an `inference` scenario: open it on the Serving page" in texts(at.warning)
+
+
+def test_the_compare_pick_survives_switching_pages():
+    at = open_page("3_Compare.py")
+    picks = ["examples/llama3-70b-p5.yaml", "examples/mixtral-8x22b-p6-b200.yaml"]
+    at.radio(key="compare.engine").set_value("analytical estimate")
+    at.multiselect(key="compare.picked").set_value(picks).run()
+    assert not at.exception
+    for page in ("1_Training.py", "3_Compare.py"):
+        at.switch_page(f"pages/{page}")
+        at.run()
+        assert not at.exception
+    assert at.multiselect(key="compare.picked").value == picks
+    assert at.radio(key="compare.engine").value == "analytical estimate"

@@ -51,6 +51,11 @@ PART_COLOURS = {
 }
 
 
+def _legend() -> alt.Legend:
+    """Below the chart, four entries a row, labels never cut short (altair's default cuts at 160 px)."""
+    return alt.Legend(orient="bottom", title=None, columns=4, labelLimit=0)
+
+
 def _scale(parts: Sequence[str]) -> alt.Scale:
     domain = list(dict.fromkeys(parts))
     fallback = ["#9d755d", "#ff9da6", "#79706e", "#d67195", "#b6992d", "#499894"]
@@ -61,15 +66,16 @@ def _scale(parts: Sequence[str]) -> alt.Scale:
 def breakdown_bar(rows: list[dict[str, Any]], x_title: str = "seconds per step") -> alt.Chart:
     """Stacked horizontal bars: seconds of each part, one bar per run (base, what-if)."""
     parts = list(dict.fromkeys(r["part"] for r in rows))
+    runs = list(dict.fromkeys(r["run"] for r in rows))  # base first, then the what-if, always
     data = [{**r, "order": parts.index(r["part"])} for r in rows]
     return (
         alt.Chart(pd.DataFrame(data))
         .mark_bar()
         .encode(
             x=alt.X("seconds:Q", title=x_title, stack="zero"),
-            y=alt.Y("run:N", title=None, sort=None),
+            y=alt.Y("run:N", title=None, sort=runs, axis=alt.Axis(labelLimit=0)),
             color=alt.Color(
-                "part:N", scale=_scale(parts), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "part:N", scale=_scale(parts), legend=_legend()
             ),
             order=alt.Order("order:Q"),
             tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
@@ -89,18 +95,21 @@ def memory_bar(rows: list[dict[str, Any]], hbm_bytes: float | None) -> alt.Layer
             x=alt.X("stage:N", title=None, sort=None),
             y=alt.Y("GiB:Q", title="GiB per GPU", stack="zero"),
             color=alt.Color(
-                "part:N", scale=_scale(parts), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "part:N", scale=_scale(parts), legend=_legend()
             ),
             tooltip=["stage:N", "part:N", alt.Tooltip("GiB:Q", format=".2f")],
         )
     )
     if not hbm_bytes:
         return bars.properties(height=320)
+    what = f"HBM {hbm_bytes / 2**30:.0f} GiB per GPU"
     line = (
-        alt.Chart(pd.DataFrame([{"GiB": hbm_bytes / 2**30, "what": "HBM"}]))
+        alt.Chart(pd.DataFrame([{"GiB": hbm_bytes / 2**30, "what": what}]))
         .mark_rule(color="#d62728", strokeDash=[6, 3], size=2)
         .encode(y="GiB:Q", tooltip=["what:N", alt.Tooltip("GiB:Q", format=".1f")])
     )
+    # the line's label in the axis title: a text layer would cost ~0.1 s of chart building a render
+    bars = bars.encode(y=alt.Y("GiB:Q", title=f"GiB per GPU (red dashed line: {what})", stack="zero"))
     return alt.layer(bars, line).properties(height=320)
 
 
@@ -117,7 +126,7 @@ def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
             x2="end_s:Q",
             y=alt.Y("lane:N", title=None, sort=lanes),
             color=alt.Color(
-                "category:N", scale=_scale(cats), legend=alt.Legend(orient="bottom", title=None, columns=4)
+                "category:N", scale=_scale(cats), legend=_legend()
             ),
             tooltip=[
                 "lane:N",
@@ -138,7 +147,7 @@ def latency_cdf(points: list[dict[str, Any]]) -> alt.Chart:
         .encode(
             x=alt.X("latency_s:Q", title="latency (s)", scale=alt.Scale(type="log")),
             y=alt.Y("quantile:Q", title="fraction of requests", scale=alt.Scale(domain=[0, 1])),
-            color=alt.Color("metric:N", legend=alt.Legend(orient="bottom", title=None, columns=4)),
+            color=alt.Color("metric:N", legend=_legend()),
             tooltip=[
                 "metric:N",
                 alt.Tooltip("latency_s:Q", format=".4~g"),
@@ -149,11 +158,13 @@ def latency_cdf(points: list[dict[str, Any]]) -> alt.Chart:
     )
 
 
-def load_curve(points: list[dict[str, Any]], current_rate: float | None) -> alt.LayerChart:
-    """Output tokens/s and p99 TTFT against offered requests/s (two axes), current load marked."""
-    base = alt.Chart(pd.DataFrame(points)).encode(
-        x=alt.X("offered_requests_per_s:Q", title="offered load (requests/s)")
-    )
+def load_curve(points: list[dict[str, Any]], offered_rate: float | None) -> alt.LayerChart:
+    """Output tokens/s and p99 TTFT against offered requests/s (two axes): the what-if's offered
+    load marked (dashed, labelled) and the overload region past the saturation rate shaded."""
+    label = f"offered {offered_rate:.3g}/s" if offered_rate else ""
+    # the dashed line is labelled in the axis title (a text layer costs ~0.1 s of chart building a render)
+    title = "offered load (requests/s)" + (f"; dashed line: this what-if, {label}" if label else "")
+    base = alt.Chart(pd.DataFrame(points)).encode(x=alt.X("offered_requests_per_s:Q", title=title))
     tput = base.mark_line(point=True, color="#4c78a8").encode(
         y=alt.Y("output_tokens_per_s:Q", title="output tokens/s", axis=alt.Axis(titleColor="#4c78a8")),
         tooltip=[
@@ -168,11 +179,25 @@ def load_curve(points: list[dict[str, Any]], current_rate: float | None) -> alt.
             alt.Tooltip("ttft_p99_s:Q", format=".4~g"),
         ],
     )
-    layers = [tput, ttft]
-    if current_rate:
+    layers: list[Any] = []
+    cap = points[0].get("saturation_requests_per_s") if points else None
+    top = max(p["offered_requests_per_s"] for p in points) if points else None
+    if cap and top and top > cap:  # overload: offered past the saturation rate
         layers.append(
-            alt.Chart(pd.DataFrame([{"offered_requests_per_s": current_rate}]))
-            .mark_rule(color="#888")
-            .encode(x="offered_requests_per_s:Q")
+            alt.Chart(pd.DataFrame([{"x": cap, "x2": top, "what": "overload (offered past saturation)"}]))
+            .mark_rect(color="#d62728", opacity=0.12)
+            .encode(
+                x=alt.X("x:Q", title=title),
+                x2="x2:Q",
+                tooltip=["what:N", alt.Tooltip("x:Q", title="saturation", format=".3~g")],
+            )
+        )
+    layers += [tput, ttft]
+    if offered_rate:
+        mark = pd.DataFrame([{"offered_requests_per_s": offered_rate, "label": label}])
+        layers.append(
+            alt.Chart(mark)
+            .mark_rule(color="#555", strokeDash=[6, 3], size=2)
+            .encode(x="offered_requests_per_s:Q", tooltip=["label:N"])
         )
     return alt.layer(*layers).resolve_scale(y="independent").properties(height=320)

@@ -4,8 +4,10 @@ Owns the what-if model of the app (DESIGN.md "faces"): a *base* scenario (a bund
 upload, kept as its YAML text), the knobs as dotted overrides applied to the base's canonical
 mapping (``fmsim.scenario.scenario_to_mapping``), one call of the fmsim API, and the packaging
 of its answer (or its error, with what to change) into a frozen :class:`Outcome` that the pages
-render and ``app/explorer/cache.py`` caches. Also the plain data the charts draw (pipeline
-timeline rows, latency CDF points, load curves, comparison tables) and the number formats.
+render and ``app/explorer/cache.py`` caches; what to change when a plan cannot run (a
+neighbouring plan that fits, a global batch for a new node count); the load curve and the
+comparison table. The number formats (``formats.py``), the link's parameters (``links.py``) and
+the chart rows (``views.py``) are re-exported here, so a page imports one module.
 
 Everything here goes through the package root API (``fmsim.load_catalog``, ``fmsim.estimate``,
 ``fmsim.simulate``) and the scenario round trip of ``fmsim.scenario``; nothing imports
@@ -15,7 +17,7 @@ streamlit, so the tests call it directly. ``tests/test_layering.py`` checks both
 from __future__ import annotations
 
 import json
-import math
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +31,44 @@ from fmsim.catalog import data_root
 from fmsim.export import csv_text
 from fmsim.scenario import MAX_FILE_BYTES, load_yaml_text, scenario_from_mapping, scenario_to_mapping
 
+from .formats import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    finite,
+    delta_text,
+    _CHART_UNITS,
+    chart_value,
+    _MARKDOWN_SPECIAL,
+    article,
+    md_escape,
+    _LABELS,
+    label_of,
+    fmt_time,
+    fmt_bytes,
+    fmt_pair,
+    fmt_fit,
+    fmt_usd,
+    fmt_count,
+    fmt_pct,
+    fmt_column,
+    fmt_tokens,
+)
+from .links import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    URL_SCENARIO,
+    URL_ENGINE,
+    url_params,
+    AtLeast,
+    knobs_from_url,
+)
+from .views import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
+    TIMELINE_MAX_ROWS,
+    _lane,
+    timeline_rows,
+    latency_cdf,
+    memory_rows,
+    hbm_bytes,
+    breakdown_rows,
+    serving_parts,
+)
+
 TRAINING_KINDS = ("pretrain", "finetune")
 SERVING_KINDS = ("inference",)
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "fp32")
@@ -38,8 +78,7 @@ PRICING_OPTIONS = ("on-demand", "capacity-block", "savings-plan-1yr", "savings-p
 # above this many jobs the page shows the analytical estimate unless asked to simulate anyway,
 # so that a knob change stays under one second.
 DES_JOB_LIMIT = 12_000
-# A timeline with more rows than this is simplified (see timeline_rows).
-TIMELINE_MAX_ROWS = 4_000
+DES_S_PER_JOB = 40e-6  # the figure above, for the time a large step would take
 # Serving: the load curve's rates, as fractions of the saturation throughput.
 LOAD_FRACTIONS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.8, 0.9, 0.95, 1.0, 1.1, 1.25)
 
@@ -168,6 +207,47 @@ def scenario_yaml(sc: Any) -> str:
     return head + yaml.safe_dump(scenario_to_mapping(sc), sort_keys=False, allow_unicode=True, width=100)
 
 
+def whatif_name(base_name: str, typed: Any, changed: bool) -> str:
+    """The what-if's scenario name: the one typed, else the base's with ``-whatif`` once a knob
+    moved (so a downloaded or kept what-if is never mistaken for its base), else the base's."""
+    typed = str(typed or "").strip()
+    return typed or (f"{base_name}-whatif" if changed else base_name)
+
+
+def whatif_yaml(sc: Any, result: Any, engine: str, changed: bool) -> str:
+    """The what-if as the scenario file the page offers for download, fit for ``fmsim check``.
+
+    Unchanged, it is the base scenario. Once a knob moved, the base's ``measured:`` values (a
+    published run of the base layout) are dropped, and its ``expect:`` bands (the base's numbers)
+    are re-derived: each column the base checked gets this what-if's own simulated value with the
+    base's tolerance, so ``fmsim check FILE`` re-runs the simulation and passes while fmsim's
+    numbers stay. When the page showed the analytical estimate the bands are dropped instead
+    (``fmsim check`` runs the simulation, whose numbers the page did not compute).
+    """
+    data = scenario_to_mapping(sc)
+    head = "# fmsim scenario saved by the what-if explorer (fmsim app); run it with: fmsim run FILE\n"
+    if changed:
+        data.pop("measured", None)
+        base_expect = data.pop("expect", None) or {}
+        bands = {}
+        if engine == "des" and result is not None:
+            for col, band in base_expect.items():
+                v = finite(result.metrics.get(col))
+                if v is not None and not isinstance(result.metrics.get(col), bool):
+                    bands[col] = {
+                        "value": v, "rel_tol": band.get("rel_tol", 0.03), "abs_tol": band.get("abs_tol", 0.0)
+                    }
+        if bands:
+            data["expect"] = bands
+            head += (
+                f"# expect: this what-if's own simulated numbers (fmsim {fmsim.__version__}), with the base\n"
+                "# scenario's tolerances: a regression check, not a measurement\n"
+            )
+        elif base_expect:
+            head += "# expect: the base scenario's bands were dropped (they checked the base's numbers)\n"
+    return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+
+
 _MAP = "__mapping__"
 
 
@@ -223,6 +303,7 @@ class Outcome:
     yaml_text: str = ""  # the what-if scenario as YAML (when it validated)
     timeline: tuple[tuple[str, float, float, str, str], ...] = ()  # (lane, start_s, end_s, category, label)
     timeline_note: str = ""
+    offered_requests_per_s: float | None = None  # serving: the open-loop rate the what-if offers
 
     @property
     def ok(self) -> bool:
@@ -329,6 +410,75 @@ def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
     )
 
 
+def infeasible_reason(result: Any, offered: float | None = None, saturation: float | None = None) -> str:
+    """Why the plan of ``result`` cannot run as asked ("" when it can): it does not fit in
+    memory, misses an SLO, leaves requests unserved or serves less than the ``offered`` rate
+    (see :func:`overload`). A page then shows no "better" deltas."""
+    if result is None:
+        return ""
+    m = result.metrics
+    if m.get("fits") is False:
+        return "it does not fit in memory"
+    if m.get("unfinished_requests") or m.get("rejected_requests"):
+        return "it is overloaded: requests are left unserved"
+    if m.get("slo_met") is False:
+        return "it misses its SLOs"
+    if offered and overload(result, offered, saturation):
+        return "it is overloaded: it serves less than the offered load"
+    return ""
+
+
+# Neighbouring plans tried, in order, when a plan does not fit: (name, change of the scenario).
+def _neighbours(sc: Any) -> list[tuple[str, dict[str, Any]]]:
+    par, wl = sc.parallelism, sc.workload
+    out: list[tuple[str, dict[str, Any]]] = [
+        (f"tp {par.tp * 2} (now {par.tp})", {"parallelism.tp": par.tp * 2}),
+        (f"pp {par.pp * 2} (now {par.pp})", {"parallelism.pp": par.pp * 2}),
+    ]
+    nxt = {"none": "selective", "selective": "full"}.get(par.recompute)
+    if nxt:
+        out.append((f"recompute {nxt} (now {par.recompute})", {"parallelism.recompute": nxt}))
+    if par.zero < 3:
+        out.append((f"ZeRO stage {par.zero + 1} (now {par.zero})", {"parallelism.zero": par.zero + 1}))
+    if wl.micro_batch > 1:
+        mb = wl.micro_batch // 2
+        out.append((f"micro batch {mb} (now {wl.micro_batch})", {"workload.micro_batch": mb}))
+    return out
+
+
+def fit_suggestion(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> str:
+    """A concrete change that makes a plan that does not fit in memory fit: the neighbouring plans
+    (tp or pp doubled, more recompute, the next ZeRO stage, half the micro batch; then two of them
+    at once) are evaluated with ``fmsim.estimate`` in that order and the first that fits is named
+    with its memory and step time. "" when the plan fits or none of them does."""
+    base = dict(_unfreeze(overrides))
+    try:
+        sc = whatif_scenario(text, file, tuple(base.items()))
+        if fmsim.estimate(sc).metrics.get("fits", True):
+            return ""
+    except Exception:  # noqa: BLE001 - no suggestion for a plan that does not load
+        return ""
+    singles = _neighbours(sc)
+    tries = [[s] for s in singles] + [[a, b] for i, a in enumerate(singles) for b in singles[i + 1:]]
+    for combo in tries:
+        change: dict[str, Any] = {}
+        for _, c in combo:
+            change.update(c)
+        try:
+            cand = whatif_scenario(text, file, tuple({**base, **change, "parallelism.dp": "auto"}.items()))
+            est = fmsim.estimate(cand)
+        except Exception:  # noqa: BLE001 - a neighbour that is not a valid plan is skipped
+            continue
+        m = est.metrics
+        if m.get("fits"):
+            what = " and ".join(name for name, _ in combo)
+            return (
+                f"Try {what}: it fits, {fmt_fit(m['memory_per_gpu_bytes'], m['hbm_per_gpu_bytes'])} per GPU, "
+                f"step {fmt_time(m['step_time_s'])} (analytical estimate, dp {m['dp']})."
+            )
+    return ""
+
+
 def approx_des_jobs(sc: Any, est: Any) -> int:
     """Engine jobs of a simulated training step: forward, backward and two sends per micro-batch
     and virtual stage (``fmsim/workloads/pretrain.py`` build_jobs), plus the DP buckets."""
@@ -344,6 +494,49 @@ def _wrong_kind(file: str, kind: str, what: str, other_page: str, yaml_text: str
         error_kind="KindError",
         yaml_text=yaml_text,
         hint=f"Open this scenario on the {other_page} page (or the Compare page).",
+    )
+
+
+def batch_offers(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, int]]:
+    """Global batches that make a changed node count work, when the what-if's global batch is no
+    longer a multiple of dp x micro batch: ``[(label, global_batch)]`` keeping the base's tokens
+    per step (the nearest multiple) and its tokens per GPU (scaled with the GPU count, then the
+    nearest multiple). Empty when the node count is the base's or the what-if does not load."""
+    knobs = dict(_unfreeze(overrides))
+    try:
+        base = load_base(text, file)
+        nodes = int(knobs.get("cluster.nodes", base.cluster.nodes))
+        if nodes == base.cluster.nodes:
+            return []
+        mb = int(knobs.get("workload.micro_batch", base.workload.micro_batch))
+        inst = knobs.get("cluster.instance")
+        instance = fmsim.load_catalog().instances[str(inst)] if inst else base.cluster.instance
+        gpus = nodes * int(instance.num_accelerators)
+        # a global batch every dp divides (dp divides the GPU count): the plan's dp, as the API derives it
+        probe = whatif_scenario(text, file, tuple({**knobs, "workload.global_batch": gpus * mb}.items()))
+    except Exception:  # noqa: BLE001 - no offer for a what-if that does not load for another reason
+        return []
+    unit = int(probe.parallelism.dp) * mb
+    b0 = int(base.workload.global_batch)
+    base_gpus = base.cluster.nodes * base.cluster.instance.num_accelerators
+    per_step = max(unit, round(b0 / unit) * unit)
+    per_gpu = max(unit, round(b0 * gpus / base_gpus / unit) * unit)
+    seq = int(knobs.get("workload.seq_len", base.workload.seq_len))
+    return [
+        (f"Keep tokens per step: global batch {per_step:,} ({fmt_count(per_step * seq)} tokens; "
+         f"was {b0:,}), a multiple of dp x micro batch = {unit:,}", per_step),
+        (f"Keep tokens per GPU: global batch {per_gpu:,} ({fmt_count(per_gpu * seq / gpus)} tokens a GPU "
+         f"on {gpus:,} GPUs)", per_gpu),
+    ]
+
+
+def _oom_hint(res: Any, text: str, file: str, overrides: Sequence[tuple[str, Any]]) -> str:
+    """What to change for a result that does not fit: a neighbouring plan that fits, else the list."""
+    if res.metrics.get("fits", True):
+        return ""
+    return fit_suggestion(text, file, overrides) or (
+        "None of the neighbouring plans (tp or pp doubled, more recompute, the next ZeRO stage, half the "
+        "micro batch, or two of these) fits: " + OOM_HINT[0].lower() + OOM_HINT[1:]
     )
 
 
@@ -364,12 +557,14 @@ def run_training(
         if sc.workload.kind not in TRAINING_KINDS:
             return _wrong_kind(file, sc.workload.kind, "training", "Serving", yaml_text)
         est = fmsim.estimate(sc)
+        changed = bool(overrides)
         if engine != "des":
             return Outcome(
                 result=est,
                 estimate=est,
                 engine="analytical",
-                yaml_text=yaml_text,
+                yaml_text=whatif_yaml(sc, est, "analytical", changed),
+                hint=_oom_hint(est, text, file, overrides),
                 timeline_note="The timeline comes from the discrete-event simulation: "
                 "choose it in the sidebar.",
             )
@@ -379,12 +574,15 @@ def run_training(
                 result=est,
                 estimate=est,
                 engine="analytical",
-                yaml_text=yaml_text,
+                yaml_text=whatif_yaml(sc, est, "analytical", changed),
+                hint=_oom_hint(est, text, file, overrides),
                 note=(
-                    f"The simulated step would have about {jobs:,} engine jobs "
-                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline); "
-                    "showing the analytical estimate (fmsim run --estimate). Tick "
-                    "'simulate large steps' in the sidebar to run the simulation."
+                    "Showing the analytical estimate (fmsim run --estimate), not the simulation you chose: "
+                    f"this step would be about {jobs:,} engine jobs "
+                    f"({est.metrics.get('num_microbatches')} micro-batches per pipeline), past the "
+                    f"explorer's limit of {des_job_limit:,} that keeps a knob change under a second "
+                    f"(about {jobs * DES_S_PER_JOB:.0f} s to simulate). Tick 'Simulate large steps' in the "
+                    "sidebar to run the simulation."
                 ),
                 timeline_note="No timeline: the step was not simulated (see above).",
             )
@@ -394,7 +592,9 @@ def run_training(
             events = json.loads(trace.read_text())["traceEvents"] if trace.is_file() else []
         rows, tnote = timeline_rows(events)
         return Outcome(
-            result=res, estimate=est, engine="des", yaml_text=yaml_text, timeline=rows, timeline_note=tnote
+            result=res, estimate=est, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed),
+            timeline=rows, timeline_note=tnote,
+            hint=_oom_hint(res, text, file, overrides),
         )
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback (issue 6)
         return failure(exc, yaml_text=yaml_text)
@@ -410,10 +610,20 @@ def run_serving(
         yaml_text = scenario_yaml(sc)
         if sc.workload.kind not in SERVING_KINDS:
             return _wrong_kind(file, sc.workload.kind, "serving", "Training", yaml_text)
+        changed = bool(overrides)
+        offered = offered_rate(sc)
         if engine == "des":
-            return Outcome(result=fmsim.simulate(sc), engine="des", yaml_text=yaml_text)
+            res = fmsim.simulate(sc)
+            return Outcome(result=res, engine="des", yaml_text=whatif_yaml(sc, res, "des", changed),
+                           offered_requests_per_s=offered)
         est = fmsim.estimate(sc)
-        return Outcome(result=est, estimate=est, engine="analytical", yaml_text=yaml_text)
+        return Outcome(
+            result=est,
+            estimate=est,
+            engine="analytical",
+            yaml_text=whatif_yaml(sc, est, "analytical", changed),
+            offered_requests_per_s=offered,
+        )
     except Exception as exc:  # noqa: BLE001
         return failure(exc, yaml_text=yaml_text)
 
@@ -431,6 +641,44 @@ def run_any(
     return run_training(text, file, engine=engine, des_job_limit=des_job_limit)
 
 
+_RATE = re.compile(r"([0-9.eE+-]+)(/s|/min|/h|qps|rps)?")
+_PER = {None: 1.0, "/s": 1.0, "qps": 1.0, "rps": 1.0, "/min": 60.0, "/h": 3600.0}
+
+
+def offered_rate(sc: Any) -> float | None:
+    """Requests per second the what-if's open-loop traffic offers (``traffic.rate``: 12, ``'12/s'``,
+    ``'600/min'``, ``'2/h'``, the forms of ``kind: inference``); None for closed-loop or offline
+    traffic, or a rate the scenario check refuses (it then says why)."""
+    tr = sc.extra.get("traffic") if isinstance(sc.extra, Mapping) else None
+    if not isinstance(tr, Mapping) or tr.get("concurrency"):
+        return None
+    if tr.get("arrival") in ("closed-loop", "offline"):
+        return None
+    v = tr.get("rate")
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return finite(v)
+    m = _RATE.fullmatch(str(v).strip().replace(" ", ""))
+    return finite(float(m.group(1)) / _PER[m.group(2)]) if m else None
+
+
+def overload(result: Any, offered: float | None, saturation: float | None = None) -> str:
+    """A sentence when the plan serves less than it is offered (else ""): requests left unserved
+    by the simulation, or an offered rate past the saturation rate of the analytical estimate
+    (where its served rate falls short of the offered one). A finite simulated run's own served
+    rate is no test: its fill and drain put it below the offered rate even with room to spare."""
+    m = result.metrics
+    left = (m.get("unfinished_requests") or 0) + (m.get("rejected_requests") or 0)
+    if left:
+        return (f"Overloaded: {m.get('unfinished_requests') or 0} requests unfinished and "
+                f"{m.get('rejected_requests') or 0} rejected within the simulated horizon.")
+    if offered and saturation and offered > saturation:
+        return (f"Overloaded: {fmt_count(offered, '/s')} offered, past the {fmt_count(saturation, '/s')} "
+                "this plan serves at saturation (analytical estimate): the queue grows without bound.")
+    return ""
+
+
 def load_curve(
     text: str,
     file: str,
@@ -440,7 +688,8 @@ def load_curve(
     """Throughput and latency against offered load, from the analytical serving estimate.
 
     The saturation rate comes from the same scenario with ``traffic.arrival: offline``; the curve
-    is Poisson traffic at ``fractions`` of it. Returns ``(points, error)``; never raises.
+    is Poisson traffic at ``fractions`` of it, each point flagged ``overloaded`` when the offered
+    rate passes the saturation rate. Returns ``(points, error)``; never raises.
     """
     base = dict(_unfreeze(overrides))
     free = {"traffic.concurrency": None, "traffic.burstiness": None, "traffic.think_time": None}
@@ -462,6 +711,8 @@ def load_curve(
             m = fmsim.estimate(sc).metrics
             points.append(
                 {
+                    "saturation_requests_per_s": cap,
+                    "overloaded": f > 1.0,
                     "offered_requests_per_s": rate,
                     "requests_per_s": finite(m.get("requests_per_s")),
                     "output_tokens_per_s": finite(m.get("output_tokens_per_s")),
@@ -475,201 +726,41 @@ def load_curve(
         return [], str(exc) if isinstance(exc, fmsim.FmsimError) else f"internal error: {type(exc).__name__}"
 
 
-def finite(x: Any) -> float | None:
-    """``x`` as a float when it is a finite number, else None (None, inf, NaN, text)."""
-    if isinstance(x, bool):
+def mfu_help(result: Any) -> str:
+    """Which peak the MFU divides by: the dense peak of the precision the GEMMs run in (fp8 runs:
+    the fp8 peak, twice the bf16 one on Hopper), with the MFU against the bf16 peak beside it."""
+    m = result.metrics
+    tflops, mfu = finite(m.get("model_tflops_per_gpu")), finite(m.get("mfu"))
+    prec = str(m.get("precision") or "")
+    if tflops is None or not mfu:
+        return "model FLOPs / peak FLOPs"
+    peak = tflops / mfu
+    out = (f"model FLOPs / the {prec} dense peak of the GPU ({peak:,.0f} TFLOP/s); "
+           f"{tflops:,.0f} TFLOP/s per GPU achieved")
+    if prec not in ("bf16", "fp16"):
+        try:
+            bf16 = fmsim.load_catalog().instances[result.instance].accelerator.peak("bf16") / 1e12
+            out += f"; against the bf16 peak ({bf16:,.0f} TFLOP/s) it would be {fmt_pct(tflops / bf16)}"
+        except Exception:  # noqa: BLE001 - an inline instance, or no bf16 math: the first part stands
+            pass
+    return out
+
+
+def over_hbm(metrics: Mapping[str, Any]) -> float | None:
+    """Bytes per GPU a plan needs beyond its HBM (None when it fits)."""
+    need, have = finite(metrics.get("memory_per_gpu_bytes")), finite(metrics.get("hbm_per_gpu_bytes"))
+    if metrics.get("fits", True) or need is None or have is None or need <= have:
         return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+    return need - have
 
 
-# ----------------------------------------------------------------------------------------------
-# chart data
-
-
-def _lane(name: str) -> tuple[tuple[int, int, str], str]:
-    """Sort key and display name of a trace thread (stage N compute, its DP stream, sends)."""
-    for prefix, rank, shown in (("stage", 0, "stage {} compute"), ("dp", 1, "stage {} DP comm")):
-        if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            n = int(name[len(prefix) :])
-            return (n, rank, ""), shown.format(n)
-    if name == "async":
-        return (1 << 30, 0, name), "pipeline sends"
-    return (1 << 30, 1, name), name
-
-
-def timeline_rows(
-    events: Sequence[Mapping[str, Any]], max_rows: int = TIMELINE_MAX_ROWS
-) -> tuple[tuple[tuple[str, float, float, str, str], ...], str]:
-    """Gantt rows ``(lane, start_s, end_s, category, label)`` from Chrome-trace events.
-
-    Spans of one category that touch on a lane are merged. When that leaves more than
-    ``max_rows`` rows the pipeline sends' lane is left out first; then, if still too many, each
-    lane is cut into equal time bins; a bin at least 30 % busy shows the category that fills most
-    of it (runs of equal bins merged), so the chart stays small whatever the step's size. The
-    note says what was simplified.
-    """
-    names = {
-        e.get("tid"): str(e.get("args", {}).get("name", e.get("tid")))
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "thread_name"
-    }
-    spans = [e for e in events if e.get("ph") == "X" and float(e.get("dur", 0)) > 0]
-    if not spans:
-        return (), "The simulation recorded no timeline."
-    by_lane: dict[str, list[tuple[float, float, str, str]]] = {}
-    keys: dict[str, tuple[int, int, str]] = {}
-    for e in spans:
-        key, lane = _lane(names.get(e.get("tid"), str(e.get("tid"))))
-        keys[lane] = key
-        t0 = float(e["ts"]) * 1e-6
-        by_lane.setdefault(lane, []).append(
-            (t0, t0 + float(e["dur"]) * 1e-6, str(e.get("cat", "")), str(e.get("name", "")))
-        )
-    end = max(b for v in by_lane.values() for _, b, _, _ in v)
-    tol = end * 1e-6
-    merged: dict[str, list[tuple[float, float, str, str]]] = {}
-    for lane, items in by_lane.items():
-        out: list[list[Any]] = []
-        for a, b, cat, label in sorted(items):
-            if out and out[-1][2] == cat and a - out[-1][1] <= tol and b >= out[-1][1]:
-                out[-1][1] = b
-                out[-1][4] += 1
-            else:
-                out.append([a, b, cat, label, 1])
-        merged[lane] = [(a, b, cat, label if n == 1 else f"{n} {cat} spans") for a, b, cat, label, n in out]
-    notes = []
-    if sum(len(v) for v in merged.values()) > max_rows and "pipeline sends" in merged:
-        n = len(by_lane["pipeline sends"])
-        del merged["pipeline sends"]
-        notes.append(f"the {n:,} pipeline sends are left out")
-    lanes = sorted(merged, key=lambda n: keys[n])
-    if sum(len(v) for v in merged.values()) <= max_rows:
-        rows = [(lane, a, b, c, lab) for lane in lanes for a, b, c, lab in merged[lane]]
-        return tuple(rows), (f"{len(spans):,} simulated spans; " + "; ".join(notes) + ".") if notes else ""
-    nbins = max(20, max_rows // len(lanes))
-    width = end / nbins
-    rows = []
-    for lane in lanes:
-        fill: list[dict[str, float]] = [{} for _ in range(nbins)]
-        for a, b, cat, _ in merged[lane]:
-            i0, i1 = int(a / width), min(nbins - 1, int(b / width))
-            for i in range(max(0, i0), i1 + 1):
-                lo, hi = max(a, i * width), min(b, (i + 1) * width)
-                if hi > lo:
-                    fill[i][cat] = fill[i].get(cat, 0.0) + (hi - lo)
-        run: tuple[str, int] | None = None
-        for i in range(nbins + 1):
-            cat = ""
-            if i < nbins and fill[i]:
-                top = max(fill[i], key=lambda c: (fill[i][c], c))
-                if sum(fill[i].values()) >= 0.3 * width:  # a mostly idle bin stays empty
-                    cat = top
-            if run is not None and cat != run[0]:
-                n = i - run[1]
-                rows.append((lane, run[1] * width, i * width, run[0], f"{run[0]} ({n} bin{'s' * (n > 1)})"))
-                run = None
-            if cat and run is None:
-                run = (cat, i)
-    notes.append(f"drawn in {nbins} time bins per lane, each showing what fills most of it")
-    note = (
-        f"{len(spans):,} simulated spans; "
-        + "; ".join(notes)
-        + ". `fmsim run --trace FILE` writes every span for Perfetto."
-    )
-    return tuple(rows), note
-
-
-def latency_cdf(result: Any) -> tuple[list[dict[str, Any]], str]:
-    """CDF points ``{metric, latency_s, quantile}`` of TTFT, TPOT and end-to-end latency.
-
-    Uses the samples the serving simulator leaves in ``details["latency_samples"]`` (a mapping
-    metric -> list of seconds) when there are any, else the percentiles among the metrics
-    (p50/p90/p99). Returns ``(points, source)`` with ``source`` "samples" or "percentiles".
-    """
-    det = result.details if isinstance(getattr(result, "details", None), Mapping) else {}
-    samples = det.get("latency_samples")
-    points: list[dict[str, Any]] = []
-    if isinstance(samples, Mapping) and samples:
-        for metric in ("ttft", "tpot", "e2e"):
-            xs = sorted(float(x) for x in samples.get(metric, ()) if finite(x) is not None)
-            if not xs:
-                continue
-            n = len(xs)
-            step = max(1, n // 200)
-            for i in list(range(0, n, step)) + [n - 1]:
-                points.append({"metric": metric, "latency_s": xs[i], "quantile": (i + 1) / n})
-        if points:
-            return points, "samples"
-    for metric in ("ttft", "tpot", "e2e"):
-        for q in (50, 90, 99):
-            v = finite(result.metrics.get(f"{metric}_p{q}_s"))
-            if v is not None:
-                points.append({"metric": metric, "latency_s": v, "quantile": q / 100})
-    return points, "percentiles"
-
-
-def memory_rows(result: Any) -> list[dict[str, Any]]:
-    """Bytes per GPU by part, per pipeline stage when the result has them (training)."""
+def price_note(result: Any) -> str:
+    """Why a result has no cost, in the words of ``fmsim.cost`` (which pricing the instance does
+    have), or "" when it has a price."""
+    if result is None or result.usd_per_hour is not None:
+        return ""
     det = result.details if isinstance(result.details, Mapping) else {}
-    stages = det.get("memory_by_stage")
-    rows = []
-    if isinstance(stages, Sequence) and stages and not isinstance(stages, str):
-        for i, st in enumerate(stages):
-            for part, b in st.items():
-                if part != "total" and finite(b) and b > 0:
-                    rows.append({"stage": f"stage {i}", "part": str(part), "bytes": float(b)})
-        return rows
-    for part, b in result.memory.items():
-        if part not in ("hbm", "total") and finite(b) and b > 0:
-            rows.append({"stage": "per GPU", "part": str(part), "bytes": float(b)})
-    return rows
-
-
-def hbm_bytes(result: Any) -> float | None:
-    """HBM per GPU of the result's accelerator."""
-    return finite(result.metrics.get("hbm_per_gpu_bytes")) or finite(result.memory.get("hbm"))
-
-
-def breakdown_rows(results: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Step-time parts ``{run, part, seconds}`` of each ``(name, result)`` (training)."""
-    rows = []
-    for name, res in results:
-        for part, s in res.breakdown.items():
-            if finite(s) and s > 0:
-                rows.append({"run": name, "part": str(part), "seconds": float(s)})
-    return rows
-
-
-def serving_parts(result: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Serving breakdowns as bar rows ``{run, part, seconds}``: where a request's time goes
-    (``Result.breakdown``: queue, prefill, decode ...) and what one decode step is made of
-    (``details["decode_step_s"]``, or older ``decode_step_*`` breakdown entries)."""
-    request, step = [], []
-    det = result.details if isinstance(result.details, Mapping) else {}
-    parts = det.get("decode_step_s")
-    if isinstance(parts, Mapping):
-        for k, v in parts.items():
-            if finite(v) and v > 0 and k not in ("step_s", "total_s", "step", "total"):
-                step.append({"run": "decode step", "part": str(k).removesuffix("_s"), "seconds": float(v)})
-    for k, v in result.breakdown.items():
-        if not (finite(v) and v > 0):
-            continue
-        if k.startswith("decode_step_"):
-            if k != "decode_step_s" and not isinstance(parts, Mapping):
-                step.append(
-                    {
-                        "run": "decode step",
-                        "part": k.removeprefix("decode_step_").removesuffix("_s"),
-                        "seconds": float(v),
-                    }
-                )
-        elif k != "prefill_alone_s":
-            request.append({"run": "mean request", "part": k.removesuffix("_s"), "seconds": float(v)})
-    return request, step
+    return str(det.get("price_source") or f"{result.instance} has no price for this pricing option")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -702,10 +793,45 @@ COMPARE_SERVING = (
 )
 
 
-def compare_table(runs: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """Rows ``{metric, <run>: shown value, Δ <run>: change against the first run}``, side by side."""
+def plan_summary(sc: Any, result: Any) -> dict[str, str]:
+    """What a plan is, as the Compare page's first rows show it: model, instance, nodes, the
+    parallel layout, precision and pricing (from the result where it says, else the scenario)."""
+    m = result.metrics if result is not None else {}
+    det = result.details if result is not None and isinstance(result.details, Mapping) else {}
+    par = sc.parallelism
+    axes = " · ".join(f"{a} {m.get(a) if m.get(a) is not None else getattr(par, a)}"
+                      for a in ("tp", "pp", "dp", "cp", "ep"))
+    if (m.get("vpp") or 1) > 1:
+        axes += f" (vpp {m['vpp']})"
+    option = m.get("pricing_option") or det.get("pricing_option") or sc.pricing.option or "explicit"
+    date = getattr(result, "price_date", "") or ""
+    return {
+        "Model": sc.workload.model.name,
+        "Instance": result.instance if result is not None else sc.cluster.instance.name,
+        "Nodes": (f"{result.nodes:,} ({result.gpus:,} GPUs)" if result is not None
+                  else f"{sc.cluster.nodes:,}"),
+        "Parallelism": axes,
+        "Precision": str(m.get("precision") or sc.workload.precision),
+        "Pricing": f"{option} ({date})" if date else f"{option} (no price)",
+    }
+
+
+def compare_table(
+    runs: Sequence[tuple[str, Any]], plans: Sequence[Mapping[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """Rows ``{metric, <run>: shown value, Δ <run>: change against the first run}``, side by side;
+    with ``plans`` (one :func:`plan_summary` a run) the first rows say what each plan is."""
     if not runs:
         return []
+    head: list[dict[str, Any]] = []
+    if plans is not None and len(plans) == len(runs):
+        for what in plans[0]:
+            row: dict[str, Any] = {"metric": what}
+            for (name, _), plan in zip(runs, plans):
+                row[name] = plan.get(what, "-")
+            for (name, _), plan in zip(runs[1:], plans[1:]):
+                row[f"Δ {name}"] = "same" if plan.get(what) == plans[0].get(what) else "changed"
+            head.append(row)
     kinds = {r.kind for _, r in runs}
     cols: list[str] = []
     if kinds & set(TRAINING_KINDS):
@@ -721,7 +847,7 @@ def compare_table(runs: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
         for name, res in runs[1:]:
             row[f"Δ {name}"] = delta_text(_value(first, col), _value(res, col))
         table.append(row)
-    return table
+    return head + table
 
 
 def _value(res: Any, col: str) -> Any:
@@ -731,156 +857,6 @@ def _value(res: Any, col: str) -> Any:
         v = res.metrics.get(col)
         return v or (res.details.get("bottleneck") if isinstance(res.details, Mapping) else None)
     return res.metrics.get(col)
-
-
-def delta_text(a: Any, b: Any) -> str:
-    """``+12.3 %`` from ``a`` to ``b`` (numbers), ``same``/``changed`` otherwise."""
-    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str):
-        return "same" if a == b else "changed"
-    fa, fb = finite(a), finite(b)
-    if fa is None or fb is None:
-        return "-"
-    if fa == 0:
-        return "same" if fb == 0 else "-"
-    return f"{100 * (fb - fa) / abs(fa):+.1f} %"
-
-
-# ----------------------------------------------------------------------------------------------
-# formats (what the pages show; tests compare with these)
-
-_LABELS = {
-    "gpus": "GPUs",
-    "step_time_s": "Step time",
-    "mfu": "MFU",
-    "tokens_per_s": "Tokens/s",
-    "memory_per_gpu_bytes": "Memory per GPU",
-    "fits": "Fits in HBM",
-    "usd_per_hour": "Cluster $/h",
-    "time_to_train_s": "Time to train",
-    "cost_usd": "Cost to train",
-    "bottleneck": "Bottleneck",
-    "ttft_p50_s": "TTFT p50",
-    "ttft_p99_s": "TTFT p99",
-    "tpot_p50_s": "TPOT p50",
-    "tpot_p99_s": "TPOT p99",
-    "e2e_p50_s": "E2E p50",
-    "e2e_p99_s": "E2E p99",
-    "output_tokens_per_s": "Output tokens/s",
-    "requests_per_s": "Requests/s",
-    "usd_per_million_output_tokens": "$ per M output tokens",
-    "usd_per_query": "$ per answered question",
-}
-
-
-def label_of(col: str) -> str:
-    return _LABELS.get(col, col)
-
-
-def fmt_time(s: Any) -> str:
-    """Seconds for people: ``15.6 s``, ``8.61 ms``, ``3.2 h``, ``98.4 d``, ``7.08 years``."""
-    v = finite(s)
-    if v is None:
-        return "-" if s is None else ("unbounded" if s == math.inf else "-")
-    a = abs(v)
-    if a >= 365.25 * 86400:
-        return f"{v / (365.25 * 86400):.3g} years"
-    for unit, scale in (
-        ("d", 86400.0),
-        ("h", 3600.0),
-        ("min", 60.0),
-        ("s", 1.0),
-        ("ms", 1e-3),
-        ("µs", 1e-6),
-        ("ns", 1e-9),
-    ):
-        if a >= scale or unit == "ns":
-            return f"{v / scale:.3g} {unit}" if v else "0 s"
-    return f"{v:g} s"  # pragma: no cover
-
-
-def fmt_bytes(b: Any) -> str:
-    v = finite(b)
-    if v is None:
-        return "-"
-    return f"{v / 2**30:.1f} GiB" if abs(v) >= 2**30 else f"{v / 2**20:.0f} MiB"
-
-
-def fmt_pair(a: Any, b: Any) -> str:
-    """Two times, sharing the unit when they can: ``12.5 / 14.9 ms``, ``45 ms / 1.2 s``."""
-    ta, tb = fmt_time(a), fmt_time(b)
-    ua, ub = ta.rpartition(" ")[2], tb.rpartition(" ")[2]
-    if " " in ta and ua == ub:
-        return f"{ta.rpartition(' ')[0]} / {tb}"
-    return f"{ta} / {tb}"
-
-
-def fmt_fit(need: Any, have: Any) -> str:
-    """Memory needed against memory there: ``53.1 / 80 GiB``."""
-    n, h = finite(need), finite(have)
-    if n is None:
-        return "-"
-    if h is None:
-        return fmt_bytes(n)
-    return f"{n / 2**30:.1f} / {h / 2**30:.0f} GiB"
-
-
-def fmt_usd(x: Any) -> str:
-    v = finite(x)
-    if v is None:
-        return "no price"
-    if abs(v) >= 1e6:
-        return f"${v / 1e6:,.2f} M"
-    if abs(v) >= 1:
-        return f"${v:,.2f}"
-    return f"${v:.4g}"
-
-
-def fmt_count(x: Any, unit: str = "") -> str:
-    v = finite(x)
-    if v is None:
-        return "-"
-    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {p}{unit}".rstrip()
-    return f"{v:.3g} {unit}".rstrip()
-
-
-def fmt_pct(x: Any) -> str:
-    v = finite(x)
-    return "-" if v is None else f"{100 * v:.1f} %"
-
-
-def fmt_column(col: str, v: Any) -> str:
-    """A result column as the pages show it (units from the name)."""
-    if v is None:
-        return "-"
-    if col == "fits" or isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, str):
-        return v
-    if col in ("mfu", "hfu") or col.startswith("kv_utilization") or col.endswith("_fraction"):
-        return fmt_pct(v)
-    if col.startswith("usd") or col.endswith("usd"):
-        return fmt_usd(v)
-    if col.endswith("_per_s"):
-        return fmt_count(v, "/s")
-    if col.endswith("_bytes"):
-        return fmt_bytes(v)
-    if col.endswith("_s"):
-        return fmt_time(v)
-    if isinstance(v, int):
-        return f"{v:,}"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def fmt_tokens(x: float | None) -> str:
-    """A token count as the scenario files write it (``15T``, ``1.5T``, ``300B`` -> ``300G``)."""
-    if x is None:
-        return ""
-    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:g}{p}"
-    return f"{x:g}"
 
 
 # ----------------------------------------------------------------------------------------------

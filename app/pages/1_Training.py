@@ -17,11 +17,10 @@ ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytica
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 CP_OPTIONS = [1, 2, 4, 8, 16, 32]
 BUCKET_OPTIONS = [-1, 0, 10_000_000, 40_000_000, 100_000_000, 500_000_000]   # -1: Megatron-Core's, 0: one per layer
-INLINE = " (inline, from the scenario)"
-FIXED = "fixed price from the scenario"
+INLINE = widgets.INLINE
+FIXED = widgets.FIXED
 # knob -> dotted scenario path
 PATHS = {
-    "name": "name",
     "model": "workload.model",
     "instance": "cluster.instance",
     "nodes": "cluster.nodes",
@@ -55,7 +54,7 @@ def knob_defaults(sc, cat) -> dict:
     in_catalog = cat.models.get(model.name) == model
     par = sc.parallelism
     return {
-        "name": sc.name,
+        "name": "",  # empty: the base's name, with -whatif once a knob moves (logic.whatif_name)
         "model": model.name if in_catalog else model.name + INLINE,
         "instance": sc.cluster.instance.name,
         "nodes": int(sc.cluster.nodes),
@@ -82,6 +81,28 @@ def knob_defaults(sc, cat) -> dict:
     }
 
 
+def knob_choices(defaults: dict, cat) -> dict:
+    """What each knob takes, for a value read from the page's link."""
+    one = logic.AtLeast(1)
+    return {
+        **widgets.shared_choices(defaults, cat, TP_OPTIONS),
+        "cp": widgets.with_options(CP_OPTIONS, defaults["cp"]),
+        "grad_bucket": widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
+        "cp_comm": ["ring", "all-gather", "a2a"],
+        "zero": [0, 1, 2, 3],
+        "recompute": ["none", "selective", "full"],
+        "schedule": ["1f1b", "interleaved", "gpipe"],
+        "pp": logic.AtLeast(1, 1024),
+        "vpp": logic.AtLeast(1, 64),
+        "seq_len": one,
+        "global_batch": one,
+        "micro_batch": one,
+        "moe_imbalance": logic.AtLeast(1.0),
+        "recompute_layers": logic.AtLeast(0),
+        "dp_shard": logic.AtLeast(0),
+    }
+
+
 def knob_value(knob: str):
     v = st.session_state[f"{P}.{knob}"]
     if knob == "train_tokens":
@@ -91,7 +112,7 @@ def knob_value(knob: str):
     return v
 
 
-def overrides_from(defaults: dict) -> tuple:
+def overrides_from(defaults: dict, sc) -> tuple:
     """The knobs that differ from the base scenario, as scenario overrides (cache key)."""
     out = {}
     for knob, path in PATHS.items():
@@ -106,7 +127,15 @@ def overrides_from(defaults: dict) -> tuple:
             out[path] = "megatron"
     if out:
         out["parallelism.dp"] = "auto"  # dp follows the GPU count and the other axes
+    name = logic.whatif_name(sc.name, knob_value("name"), changed=bool(out))
+    if name != sc.name:
+        out["name"] = name
     return logic.as_overrides(out)
+
+
+def set_global_batch(batch: int) -> None:
+    """An offer taken after a node-count change (see logic.batch_offers)."""
+    st.session_state[f"{P}.global_batch"] = batch
 
 
 def on_vpp_change() -> None:
@@ -122,11 +151,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input("What-if name", key=f"{P}.name")
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.markdown("**Cluster**")
     sb.selectbox(
         "Instance type",
         sorted(cat.instances),
@@ -134,20 +159,6 @@ def draw_knobs(defaults: dict, cat) -> None:
         help="AWS instances, and the reference systems of published measurements (no price).",
     )
     sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
-    c1, c2 = sb.columns(2)
-    c1.selectbox(
-        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
-    )
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
-    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
-    sb.text_input(
-        "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
-    )
-    sb.markdown("**Batch**")
-    c1, c2, c3 = sb.columns(3)
-    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
-    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
-    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
     sb.markdown("**Parallelism**")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
     c1, c2 = sb.columns(2)
@@ -205,6 +216,16 @@ def draw_knobs(defaults: dict, cat) -> None:
         "0 = all of dp.",
     )
     sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
+    widgets.model_and_price(P, defaults, cat)
+    sb.markdown("**Batch**")
+    c1, c2, c3 = sb.columns(3)
+    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
+    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
+    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
+    sb.text_input(
+        "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
+    )
+    widgets.name_knob(P)
 
 
 def main() -> None:
@@ -212,6 +233,15 @@ def main() -> None:
     source = widgets.scenario_source(
         P, logic.TRAINING_KINDS, what="training", preferred="examples/llama3-70b-p5.yaml"
     )
+    if source is None:
+        st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
+        return
+    loaded = widgets.knob_scenario(
+        P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs, knob_choices
+    )
+    if loaded is None:
+        return
+    # below the knobs: the cluster and its parallel layout are what a planner reaches for first
     widgets.engine_choice(
         P,
         ENGINES,
@@ -224,29 +254,31 @@ def main() -> None:
         help=f"Steps of more than {logic.DES_JOB_LIMIT:,} engine jobs use the estimate "
         "unless this is ticked (the simulation then takes seconds).",
     )
-    if source is None:
-        st.info("Pick a bundled scenario or load a YAML file in the sidebar.")
-        return
-    loaded = widgets.knob_scenario(P, source, logic.TRAINING_KINDS, "Serving", knob_defaults, draw_knobs)
-    if loaded is None:
-        return
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
-    overrides = overrides_from(defaults)
+    overrides = overrides_from(defaults, sc)
     with st.spinner("Simulating…"):
         out = cache.training(source.text, source.label, overrides, engine, limit)
         base = cache.training(source.text, source.label, (), engine, limit) if overrides else out
+    n_changed = sum(1 for k, _ in overrides if k not in ("name", "parallelism.dp"))
     st.caption(
-        f"Base scenario: **{source.label}** — {sc.description or sc.name}"
-        + (f" · {len(overrides) - 1} knob{'s' * (len(overrides) > 2)} changed" if overrides else "")
+        source.line(sc.description or sc.name)
+        + (f" · {n_changed} knob{'s' * (n_changed > 1)} changed" if n_changed else "")
     )
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
     if not out.ok:
         widgets.show_error(out.error, out.hint, out.error_kind)
+        if "workload.global_batch" in out.error:
+            offers = logic.batch_offers(source.text, source.label, overrides)
+            cols = st.columns(len(offers)) if offers else []
+            for col, (label, batch) in zip(cols, offers):
+                col.button(
+                    label, key=f"{P}.offer_{batch}", on_click=set_global_batch, args=(batch,), width="stretch"
+                )
         st.session_state[f"{P}.result"] = None
         return
-    render(out, base if base.ok else None, knob_value("name") or sc.name)
+    render(out, base if base.ok else None, dict(overrides).get("name", sc.name))
 
 
 def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
@@ -266,22 +298,29 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"{' (vpp ' + str(m.get('vpp')) + ')' if (m.get('vpp') or 1) > 1 else ''} · dp {m['dp']} · "
         f"cp {m['cp']} · ep {m['ep']} · {m.get('num_microbatches', '?')} micro-batches per step"
     )
+    if out.note:  # e.g. a step too large to simulate at once: the page shows the estimate, and says why
+        st.warning(logic.md_escape(out.note), icon=":material/functions:")
+    bad = logic.infeasible_reason(r)
+    if bad:
+        widgets.infeasible_banner(bad)
     if not m.get("fits", True):
         widgets.show_error(
             f"Does not fit in memory: {logic.fmt_bytes(m['memory_per_gpu_bytes'])} per GPU needed, "
             f"{logic.fmt_bytes(m['hbm_per_gpu_bytes'])} of HBM.",
-            logic.OOM_HINT,
+            out.hint or logic.OOM_HINT,
         )
-    c = st.columns(4)
+    c = widgets.metric_columns(8)
     widgets.metric(
-        c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True
+        c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[1],
         "MFU",
         logic.fmt_pct(m["mfu"]),
         d("mfu"),
-        help=f"model FLOPs / peak; {m['model_tflops_per_gpu']:.0f} TFLOP/s per GPU",
+        help=logic.mfu_help(r),
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -289,44 +328,55 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m["tokens_per_s"]),
         d("tokens_per_s"),
         help=f"{m['tokens_per_s_per_gpu']:,.0f} per GPU",
+        infeasible=bool(bad),
     )
+    over = logic.over_hbm(m)
     widgets.metric(
         c[3],
         "Memory per GPU",
         logic.fmt_fit(m["memory_per_gpu_bytes"], m["hbm_per_gpu_bytes"]),
-        d("memory_per_gpu_bytes"),
-        lower_is_better=True,
+        f"+{logic.fmt_bytes(over)} over HBM" if over else d("memory_per_gpu_bytes"),
+        lower_is_better=True,  # over HBM: a red rise
         help="needed on the fullest pipeline stage / HBM of one GPU",
+        infeasible=bool(bad) and not over,
     )
-    c = st.columns(4)
     widgets.metric(
-        c[0],
+        c[4],
         "Time to train",
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[1],
+        c[5],
         "Cost to train",
         logic.fmt_usd(m.get("cost_usd")),
         d("cost_usd"),
         lower_is_better=True,
         help=f"{m.get('pricing_option')} price of {r.price_date or 'no date'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[2],
+        c[6],
         "Cluster $/h",
         logic.fmt_usd(r.usd_per_hour),
         d("usd_per_hour", lambda x: x.usd_per_hour),
         lower_is_better=True,
         help=f"{m.get('pricing_option')}, price dated {r.price_date or '-'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[3], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True
+        c[7], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
+        infeasible=bool(bad),
     )
+    if logic.price_note(r):
+        st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")
     sentence = r.details.get("bottleneck") or m.get("bottleneck") or ""
-    st.info(f"**Bottleneck ({m.get('bottleneck', '-')}):** {sentence}", icon=":material/search:")
+    st.info(
+        f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}",
+        icon=":material/search:",
+    )
     engine_line = (
         "discrete-event simulation (`fmsim run`)"
         if out.engine == "des"
@@ -340,8 +390,6 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         else ""
     )
     st.caption(f"Numbers from the {engine_line}{extra}.")
-    if out.note:
-        st.info(out.note)
 
     left, right = st.columns(2)
     with left:

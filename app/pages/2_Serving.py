@@ -22,10 +22,13 @@ ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytica
 TP_OPTIONS = [1, 2, 4, 8, 16, 32, 64]
 ARRIVALS = ["poisson", "constant", "bursty", "closed-loop", "offline"]
 STRATEGIES = ["none", "self-consistency", "best-of-n", "sequential-revision"]
-INLINE = " (inline, from the scenario)"
-FIXED = "fixed price from the scenario"
+INLINE = widgets.INLINE
+ANALYTICAL_PERCENTILES = (
+    "The analytical estimate is deterministic: one latency per request of the mean shape, so its p50, "
+    "p90 and p99 are equal. Choose the discrete-event simulation for real percentiles."
+)
+FIXED = widgets.FIXED
 SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of kind: inference)
-    "name": "name",
     "model": "workload.model",
     "instance": "cluster.instance",
     "nodes": "cluster.nodes",
@@ -74,7 +77,7 @@ def knob_defaults(sc, cat) -> dict:
     slo = _flat_slo(ex.get("slo"))
     reps = sv.get("replicas")
     return {
-        "name": sc.name,
+        "name": "",  # empty: the base's name, with -whatif once a knob moves (logic.whatif_name)
         "model": model.name if cat.models.get(model.name) == model else model.name + INLINE,
         "instance": sc.cluster.instance.name,
         "nodes": int(sc.cluster.nodes),
@@ -106,6 +109,20 @@ def knob_defaults(sc, cat) -> dict:
     }
 
 
+def knob_choices(defaults: dict, cat) -> dict:
+    """What each knob takes, for a value read from the page's link."""
+    return {
+        **widgets.shared_choices(defaults, cat, TP_OPTIONS),
+        "arrival": widgets.with_options(ARRIVALS, defaults["arrival"]),
+        "strategy": widgets.with_options(STRATEGIES, defaults["strategy"]),
+        "replicas": logic.AtLeast(0, 100_000),
+        "concurrency": logic.AtLeast(0),
+        "requests": logic.AtLeast(0),
+        "samples": logic.AtLeast(1, 1024),
+        "revision_rounds": logic.AtLeast(1, 64),
+    }
+
+
 def overrides_from(defaults: dict, sc) -> tuple:
     ss = st.session_state
     out: dict[str, Any] = {}
@@ -121,8 +138,6 @@ def overrides_from(defaults: dict, sc) -> tuple:
             v = v or "auto"
         elif knob in ("concurrency", "requests"):
             v = v or None
-        elif knob == "name":
-            v = str(v).strip()
         out[path] = v
     if ss[f"{P}.arrival"] != defaults["arrival"]:
         if ss[f"{P}.arrival"] != "closed-loop":
@@ -153,6 +168,9 @@ def overrides_from(defaults: dict, sc) -> tuple:
         out["test_time_compute"] = ttc
     if out:
         out["parallelism.dp"] = "auto"
+    name = logic.whatif_name(sc.name, ss[f"{P}.name"], changed=bool(out))
+    if name != sc.name:
+        out["name"] = name
     return logic.as_overrides(out)
 
 
@@ -160,23 +178,14 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb = st.sidebar
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
-    sb.text_input("What-if name", key=f"{P}.name")
-    models = sorted(cat.models)
-    if defaults["model"].endswith(INLINE):
-        models = [defaults["model"], *models]
-    sb.selectbox("Model", models, key=f"{P}.model")
+    sb.markdown("**Cluster and parallelism**")
     sb.selectbox("Instance type", sorted(cat.instances), key=f"{P}.instance")
     c1, c2 = sb.columns(2)
     c1.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
-    c1, c2 = sb.columns(2)
-    c1.selectbox(
-        "Precision", widgets.with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{P}.precision"
-    )
-    pricing = list(logic.PRICING_OPTIONS) + ([FIXED] if defaults["pricing"] == FIXED else [])
-    c2.selectbox("Pricing", pricing, key=f"{P}.pricing")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
     sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Traffic**")
     sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
     arrival = st.session_state[f"{P}.arrival"]
@@ -220,6 +229,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         key=f"{P}.revision_rounds",
         disabled=st.session_state[f"{P}.strategy"] != "sequential-revision",
     )
+    widgets.name_knob(P)
 
 
 def main() -> None:
@@ -227,33 +237,35 @@ def main() -> None:
     source = widgets.scenario_source(
         P, logic.SERVING_KINDS, what="serving", preferred="examples/serving-llama3.1-70b-chat-p5.yaml"
     )
-    widgets.engine_choice(
-        P,
-        ENGINES,
-        help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
-        "simulated requests); the analytical estimate is `fmsim run --estimate`.",
-    )
     if source is None:
         st.info(
             "Pick a bundled serving scenario or load a YAML file (`workload.kind: inference`) in the sidebar."
         )
         return
-    loaded = widgets.knob_scenario(P, source, logic.SERVING_KINDS, "Training", knob_defaults, draw_knobs)
+    loaded = widgets.knob_scenario(
+        P, source, logic.SERVING_KINDS, "Training", knob_defaults, draw_knobs, knob_choices
+    )
     if loaded is None:
         return
+    widgets.engine_choice(  # below the knobs: the cluster and parallel layout come first
+        P,
+        ENGINES,
+        help="The discrete-event simulation is what `fmsim run` reports (percentiles from "
+        "simulated requests); the analytical estimate is `fmsim run --estimate`.",
+    )
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     overrides = overrides_from(defaults, sc)
     with st.spinner("Simulating…"):
         out = cache.serving(source.text, source.label, overrides, engine)
         base = cache.serving(source.text, source.label, (), engine) if overrides else out
-    st.caption(f"Base scenario: **{source.label}** — {sc.description or sc.name}")
+    st.caption(source.line(sc.description or sc.name))
     st.session_state[f"{P}.whatif_yaml"] = out.yaml_text
     if not out.ok:
         if out.error_kind == "NotBuiltError":
             st.info(
                 "The serving simulator is not available in this fmsim yet "
-                f"(`fmsim.simulate` says: {out.error})."
+                f"(`fmsim.simulate` says: {logic.md_escape(out.error)})."
             )
         else:
             widgets.show_error(out.error, out.hint, out.error_kind)
@@ -264,7 +276,7 @@ def main() -> None:
         base if base.ok and base is not out else None,
         source,
         overrides,
-        st.session_state[f"{P}.name"] or sc.name,
+        dict(overrides).get("name", sc.name),
     )
 
 
@@ -284,16 +296,21 @@ def render(
         f"**{r.gpus:,} GPUs** = {r.nodes:,} × {r.instance} · {pool_text or 'tp ' + str(m.get('tp'))} · "
         f"engine {r.details.get('engine', '-')}"
     )
+    curve, cerr = cache.load_curve(source.text, source.label, overrides)
+    offered = out.offered_requests_per_s
+    saturation = curve[0]["saturation_requests_per_s"] if curve else None
+    flat = out.engine != "des" and m.get("ttft_p50_s") == m.get("ttft_p99_s")  # one value per latency
+    bad = logic.infeasible_reason(r, offered, saturation)
+    if bad:
+        widgets.infeasible_banner(bad)
     if m.get("slo_met") is False:
         st.warning(
             "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
         )
-    if m.get("unfinished_requests") or m.get("rejected_requests"):
-        st.warning(
-            f"Overloaded: {m.get('unfinished_requests') or 0} requests unfinished and "
-            f"{m.get('rejected_requests') or 0} rejected within the simulated horizon."
-        )
-    c = st.columns(4)
+    over = logic.overload(r, offered, saturation)
+    if over:
+        st.warning(logic.md_escape(over), icon=":material/speed:")
+    c = widgets.metric_columns(8)
     widgets.metric(
         c[0],
         "TTFT p50 / p99",
@@ -301,6 +318,7 @@ def render(
         d("ttft_p99_s"),
         lower_is_better=True,
         help="time to first token; the delta is of p99",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[1],
@@ -309,6 +327,7 @@ def render(
         d("tpot_p50_s"),
         lower_is_better=True,
         help="time per output token; the delta is of p50",
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[2],
@@ -316,6 +335,7 @@ def render(
         logic.fmt_pair(m.get("e2e_p50_s"), m.get("e2e_p99_s")),
         d("e2e_p99_s"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     widgets.metric(
         c[3],
@@ -323,32 +343,43 @@ def render(
         logic.fmt_count(m.get("output_tokens_per_s")),
         d("output_tokens_per_s"),
         help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
+        infeasible=bool(bad),
     )
-    c = st.columns(4)
-    widgets.metric(c[0], "Requests/s", logic.fmt_count(m.get("requests_per_s")), d("requests_per_s"))
     widgets.metric(
-        c[1],
+        c[4],
+        "Requests/s",
+        logic.fmt_count(m.get("requests_per_s")),
+        d("requests_per_s"),
+        help="requests completed per second: by the simulation, over the whole simulated run (its fill and "
+        "drain included); by the estimate, at the offered rate up to saturation",
+        infeasible=bool(bad),
+    )
+    widgets.metric(
+        c[5],
         "$ per M output tokens",
         logic.fmt_usd(m.get("usd_per_million_output_tokens")),
         d("usd_per_million_output_tokens"),
         lower_is_better=True,
         help=f"{r.details.get('pricing_option', '')} price dated {r.price_date or '-'}",
+        infeasible=bool(bad),
     )
     widgets.metric(
-        c[2],
+        c[6],
         "$ per answered question",
         logic.fmt_usd(m.get("usd_per_query")),
         d("usd_per_query"),
         lower_is_better=True,
+        infeasible=bool(bad),
     )
     kv = m.get("kv_utilization_mean")
     peak = m.get("kv_utilization_peak")
     widgets.metric(
-        c[3],
+        c[7],
         "KV cache use (mean / peak)",
         f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
         d("kv_utilization_mean"),
         help="share of the KV-cache blocks in use",
+        infeasible=bool(bad),
     )
     if m.get("slo_met") is not None:
         st.caption(
@@ -357,13 +388,13 @@ def render(
             f"({logic.fmt_pct(m.get('goodput_fraction'))} of requests within every SLO)"
         )
     if r.details.get("bottleneck"):
-        st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
+        st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")
     st.caption(
         "Numbers from the "
         + (
             "discrete-event simulation (`fmsim run`)."
             if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`)."
+            else "analytical estimate (`fmsim run --estimate`). " + (ANALYTICAL_PERCENTILES if flat else "")
         )
     )
 
@@ -373,7 +404,9 @@ def render(
         points, src = logic.latency_cdf(r)
         if points:
             st.altair_chart(charts.latency_cdf(points), width="stretch")
-            if src == "percentiles":
+            if flat:
+                st.caption(ANALYTICAL_PERCENTILES)
+            elif src == "percentiles":
                 st.caption("Drawn through the p50, p90 and p99 the simulator reports.")
         rows = []
         for metric in ("ttft", "tpot", "itl", "e2e", "question_latency"):
@@ -382,17 +415,22 @@ def render(
                 rows.append({"latency": metric, **vals})
         st.dataframe(rows, hide_index=True, width="stretch")
     with right:
-        st.subheader("Throughput against load")
-        curve, cerr = cache.load_curve(source.text, source.label, overrides)
+        st.subheader("Throughput against load (analytical estimate)")
         if curve:
-            rate = logic.finite(m.get("requests_per_s"))
-            st.altair_chart(charts.load_curve(curve, rate), width="stretch")
+            st.altair_chart(charts.load_curve(curve, offered), width="stretch")
+            engine_words = (
+                "the numbers above are the discrete-event simulation's, so they can differ"
+                if out.engine == "des"
+                else "the same engine as the numbers above"
+            )
             st.caption(
-                "Analytical estimate at fractions of the saturation rate; the grey line is this "
-                "what-if's throughput. Where TTFT leaves the chart, the queue grows without bound."
+                f"The curve is the analytical estimate (`fmsim run --estimate`) at fractions of its "
+                f"saturation rate, {logic.fmt_count(saturation, '/s')}; {engine_words}. The dashed line "
+                "marks this what-if's offered load; the red band is overload (offered past saturation), "
+                "where the queue grows without bound."
             )
         else:
-            st.caption(f"No load curve: {cerr}")
+            st.caption(f"No load curve: {logic.md_escape(cerr)}")
     left, right = st.columns(2)
     with left:
         st.subheader("Memory per GPU")

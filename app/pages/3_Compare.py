@@ -44,15 +44,19 @@ def sources() -> dict[str, tuple[str, str]]:
         try:
             out[f"upload: {f.name}"] = (logic.decode_upload(f.name, f.getvalue()), f.name)
         except Exception as exc:  # noqa: BLE001
-            st.error(str(exc))
+            st.error(logic.md_escape(exc))
     for b in cache.bundled():
         if b.kind in logic.TRAINING_KINDS + logic.SERVING_KINDS:
             out[b.label] = ("", b.label)  # read when picked
     return out
 
 
+KEPT = ("picked", "engine", "chart")  # kept across page switches (widgets.restore)
+
+
 def main() -> None:
     st.title("Compare scenarios")
+    widgets.restore(P, KEPT)
     st.sidebar.file_uploader(
         "Load scenario YAMLs (at most 1 MiB each)",
         type=["yaml", "yml"],
@@ -74,11 +78,12 @@ def main() -> None:
         help="What-ifs kept with 'Keep for the Compare page' on the Training and Serving "
         "pages appear here, and so do uploads.",
     )
+    widgets.keep(P, KEPT)
     if len(picked) < 2:
         st.info("Pick two or more scenarios to compare.")
         return
     engine = widgets.chosen_engine(P, ENGINES)
-    runs, notes = [], []
+    runs, notes, plans = [], [], []
     with st.spinner("Simulating…"):
         for label in picked:
             text, file = avail[label]
@@ -86,35 +91,42 @@ def main() -> None:
                 try:
                     text = cache.bundled_text(label)
                 except Exception as exc:  # noqa: BLE001
-                    st.error(f"{label}: {exc}")
+                    st.error(logic.md_escape(f"{label}: {exc}"))
                     continue
             out = cache.any_kind(text, file, engine)
             if not out.ok:
-                st.error(f"**{label}**: {out.error}", icon=":material/block:")
+                st.error(
+                    f"**{logic.md_escape(label)}**: {logic.md_escape(out.error)}", icon=":material/block:"
+                )
                 if out.hint:
-                    st.info(f"**What to change:** {out.hint}", icon=":material/lightbulb:")
+                    st.info(f"**What to change:** {logic.md_escape(out.hint)}", icon=":material/lightbulb:")
                 continue
             runs.append((label, out.result))
+            sc, _, _ = cache.base(text, file)
+            plans.append(logic.plan_summary(sc, out.result) if sc is not None else {})
             if out.note:
                 notes.append(f"{label}: {out.note}")
             elif out.engine != engine:
                 notes.append(f"{label}: {out.engine}")
     if not runs:
         return
-    st.session_state[f"{P}.table"] = logic.compare_table(runs)
+    st.session_state[f"{P}.table"] = logic.compare_table(runs, plans)
     st.dataframe(st.session_state[f"{P}.table"], hide_index=True, width="stretch")
     st.caption(f"Δ: the change against the first scenario, {picked[0]}.")
     for n in notes:
-        st.caption(n)
+        st.warning(logic.md_escape(n), icon=":material/functions:")
     cols = [c for c in CHART_METRICS if any(logic.finite(r.get(c)) is not None for _, r in runs)]
     if cols:
+        if st.session_state.get(f"{P}.chart") not in cols:
+            st.session_state.pop(f"{P}.chart", None)
         col = st.selectbox("Chart", cols, format_func=logic.label_of, key=f"{P}.chart")
-        data = [{"scenario": label, "value": logic.finite(r.get(col))} for label, r in runs]
+        widgets.keep(P, ("chart",))
+        data = [{"scenario": label, "value": logic.chart_value(col, r.get(col))[0]} for label, r in runs]
         st.altair_chart(
             alt.Chart(pd.DataFrame(data))
             .mark_bar()
             .encode(
-                x=alt.X("value:Q", title=logic.label_of(col)),
+                x=alt.X("value:Q", title=logic.chart_value(col, None)[1]),
                 y=alt.Y("scenario:N", sort=None, title=None, axis=alt.Axis(labelLimit=400)),
                 tooltip=["scenario:N", alt.Tooltip("value:Q", format=".4~g")],
             )

@@ -158,10 +158,18 @@ def _parse_rate_per_s(v: Any) -> float:
     s = str(v).strip().replace(" ", "")
     if s in ("inf", "infinity", "max"):
         return math.inf
-    for suffix, per in (("/s", 1.0), ("/min", 60.0), ("/h", 3600.0), ("qps", 1.0), ("rps", 1.0)):
+    number, per = s, 1.0
+    for suffix, scale in (("/s", 1.0), ("/min", 60.0), ("/h", 3600.0), ("qps", 1.0), ("rps", 1.0)):
         if s.endswith(suffix):
-            return float(s[: -len(suffix)]) / per
-    return float(s)
+            number, per = s[: -len(suffix)], scale
+            break
+    try:
+        return float(number) / per
+    except ValueError:
+        raise ValueError(
+            f"cannot read {str(v).strip()!r} as a request rate (expected requests per second: 12, "
+            "'12/s', '600/min', '2/h' or 'inf')"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------
