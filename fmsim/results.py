@@ -29,6 +29,9 @@ INFERENCE_COLUMNS = (
     "usd_per_million_output_tokens", "usd_per_query",
     # added after v1's first list (appended, never renamed): the plan the row prices, and its SLO verdict
     "tp", "pp", "ep", "precision", "pricing_option", "slo_met",
+    # the whole run's rates, drain included (what a benchmark of a fixed request count reports; the
+    # columns above are the steady state's); empty from the analytical estimate
+    "run_output_tokens_per_s", "run_requests_per_s",
 )
 
 COLUMNS_BY_KIND = {

@@ -1,8 +1,12 @@
 """Serving predictions against published measurements (scenarios/validation/inference).
 
 Issue 5 sets the bar: median |error| <= 10 % on throughput and <= 15 % on latency percentiles. Both
-are met and asserted over the whole set (2026-12-01: 8.7 % over 41 throughput values, 7.9 % before
-throughput left out the drain; 10.7 % over 9 latency values).
+are met over the whole set, and the level reached is guarded too, median and worst with a small margin
+(2026-12-01: throughput 7.3 % median, worst 85.8 % (inf-094), over 41 values, each published
+throughput compared with the column of its definition -- all are fixed-request-count benchmarks,
+compared with run_output_tokens_per_s / run_requests_per_s, scenarios/validation/README.md; 8.6 % when
+they were compared with the steady state, 7.9 % before throughput left out the drain; latency 10.7 %
+median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values).
 """
 from __future__ import annotations
 
@@ -38,3 +42,14 @@ def test_serving_throughput_meets_the_issue_target_over_the_whole_set():
 
 def test_serving_latency_meets_the_issue_target_over_the_whole_set():
     assert _median(latency=True) <= 15.0, f"latency median {_median(latency=True):.1f} %"
+
+
+def _worst(latency: bool) -> float:
+    return max(e for _, metric, e in errors() if metric.startswith(LATENCY_PREFIXES) == latency)
+
+
+def test_serving_errors_stay_at_today_s_level():
+    assert _median(latency=False) <= 8.0, f"throughput median {_median(latency=False):.1f} % (7.3 % measured)"
+    assert _worst(latency=False) <= 90.0, f"throughput worst {_worst(latency=False):.1f} % (85.8 % measured)"
+    assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
+    assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"
