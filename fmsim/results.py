@@ -33,6 +33,9 @@ INFERENCE_COLUMNS = (
     "usd_per_million_output_tokens", "usd_per_query",
     # added after v1's first list (appended, never renamed): the plan the row prices, and its SLO verdict
     "tp", "pp", "ep", "precision", "pricing_option", "slo_met",
+    # the whole run's rates, drain included (what a benchmark of a fixed request count reports; the
+    # columns above are the steady state's); empty from the analytical estimate
+    "run_output_tokens_per_s", "run_requests_per_s",
 )
 
 #: kind: rl (docs/rl.md "Results"): the step, its phases and pools, NeMo RL's tokens/s/GPU, cost per step

@@ -1,8 +1,13 @@
 """Serving predictions against published measurements (scenarios/validation/inference).
 
 Issue 5 sets the bar: median |error| <= 10 % on throughput and <= 15 % on latency percentiles. Both
-are met and asserted over the whole set (2026-12-01: 8.0 % over 43 throughput values, 10.7 % over 9
-latency values). The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
+are met over the whole set, and the level reached is guarded too, median and worst with a small margin
+(2026-12-01: throughput 7.3 % median, worst 85.8 % (inf-094), over 41 values, each published
+throughput compared with the column of its definition -- all are fixed-request-count benchmarks,
+compared with run_output_tokens_per_s / run_requests_per_s, scenarios/validation/README.md; 8.6 % when
+they were compared with the steady state, 7.9 % before throughput left out the drain; latency 10.7 %
+median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values).
+The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
 from __future__ import annotations
@@ -55,3 +60,14 @@ def test_serving_moe_rows_do_not_regress_past_todays_level():
     assert set(vals) == set(MOE_ROWS)
     assert statistics.median(vals.values()) <= GUARD_MOE_MEDIAN_PCT, vals
     assert max(vals.values()) <= GUARD_MOE_WORST_PCT, vals
+
+
+def _worst(latency: bool) -> float:
+    return max(e for _, metric, e in errors() if metric.startswith(LATENCY_PREFIXES) == latency)
+
+
+def test_serving_errors_stay_at_today_s_level():
+    assert _median(latency=False) <= 8.0, f"throughput median {_median(latency=False):.1f} % (7.3 % measured)"
+    assert _worst(latency=False) <= 90.0, f"throughput worst {_worst(latency=False):.1f} % (85.8 % measured)"
+    assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
+    assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

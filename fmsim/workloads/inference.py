@@ -662,8 +662,14 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     m["usd_per_question"] = m["usd_per_query"]
     m["sim_duration_s"] = duration
     m["steady_state_window_s"] = (window[1] - window[0]) if window else None
-    # the whole run's rate, drain included: what a benchmark of exactly these requests reports
-    m["run_output_tokens_per_s"] = out_tokens / duration
+    # the whole run's rates, ramp-up and drain included: what a benchmark of exactly the offered requests
+    # reports (trtllm-bench, bench_serving: all output tokens over first start to last finish). A capped run
+    # stands for k times its requests: the ramp-up and drain once, the rest at the steady state's rate
+    capped = sim.request_cap is not None and not (horizon is not None and unfinished)
+    k = sim.n_offered / sim.n_questions if capped else 1.0
+    run_s = duration + (k - 1.0) * span
+    m["run_output_tokens_per_s"] = k * out_tokens / run_s
+    m["run_requests_per_s"] = k * n_done / run_s
     m["requests_simulated"] = len(qs)
     m["requests_offered"] = sim.n_offered
     m["_request_cap"] = sim.request_cap
@@ -924,6 +930,8 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
             met = False
     m["slo_met"] = met if spec.slo.limits_s else None
     m["goodput_requests_per_s"] = m["requests_per_s"] if met else 0.0
+    # a steady state has no ramp-up or drain: the whole run's rates are the event simulation's alone
+    m["run_output_tokens_per_s"] = m["run_requests_per_s"] = None
     # the engine refuses a request whose prompt and whole output (every sample's) cannot sit in its KV
     # cache; when even the shortest request the lengths allow is too long, it refuses them all
     samples = spec.ttc.samples
