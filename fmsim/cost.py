@@ -21,14 +21,20 @@ class AppliedPrice:
 
 def price_for(sc) -> AppliedPrice:
     """The price per instance-hour that applies to scenario ``sc``."""
-    p = sc.pricing
-    explicit = getattr(p, "usd_per_hour", None)
+    return price_of(sc.cluster.instance.name, sc.pricing)
+
+
+def price_of(instance: str, pricing) -> AppliedPrice:
+    """The price per hour of one ``instance`` under a scenario's ``pricing`` (an option, an explicit
+    ``usd_per_hour``, or None for on-demand): the one rule every workload prices by. Without a price
+    the source is :func:`missing_price`'s sentence."""
+    explicit = getattr(pricing, "usd_per_hour", None)
     if explicit is not None:
         return AppliedPrice("explicit", float(explicit), "", "scenario pricing.usd_per_hour")
-    option = getattr(p, "option", None) or "on-demand"
-    price = load_catalog().price(sc.cluster.instance.name, option)
+    option = getattr(pricing, "option", None) or "on-demand"
+    price = load_catalog().price(instance, option)
     if price is None:
-        return AppliedPrice(option, None, "", missing_price(sc.cluster.instance.name, option))
+        return AppliedPrice(option, None, "", missing_price(instance, option))
     return AppliedPrice(option, price.usd_per_hour, price.date, price.source)
 
 

@@ -620,19 +620,36 @@ def test_a_rate_that_is_not_a_number_is_a_located_message_with_its_rule():
     )
 
 
-def test_a_missing_price_names_the_pricing_that_exists_in_the_cli_and_on_the_page(capsys):
+def says_no_cost_in_the_cli_and_on_the_page(capsys, scenario: Path, page: str, prefix: str,
+                                            cost: str) -> AppTest:
+    """``scenario`` on p5e.48xlarge (capacity-block prices only): ``fmsim run`` and ``page`` name the
+    pricing that exists, and the page's ``cost`` figure says no price."""
     cat = fmsim.load_catalog()
     block = cat.price("p5e.48xlarge", "capacity-block")
     assert cat.price("p5e.48xlarge", "on-demand") is None and block is not None
     want = f"p5e.48xlarge has no on-demand price; pricing: capacity-block exists ({block.date})"
-    assert main(["run", str(LLAMA), "--estimate", "--set", "cluster.instance=p5e.48xlarge"]) == 0
+    assert main(["run", str(scenario), "--estimate", "--set", "cluster.instance=p5e.48xlarge"]) == 0
     assert f"no cost: {want}" in capsys.readouterr().out
-    at = open_page("1_Training.py")
-    at.radio(key="train.engine").set_value("analytical estimate")
-    at.selectbox(key="train.instance").set_value("p5e.48xlarge").run()
+    at = open_page(page)
+    at.radio(key=f"{prefix}.engine").set_value("analytical estimate")
+    at.selectbox(key=f"{prefix}.instance").set_value("p5e.48xlarge").run()
     assert not at.exception
     assert want in texts(at.warning)
-    assert shown(at)["Cost to train"] == "no price"
+    assert shown(at)[cost] == "no price"
+    return at
+
+
+def test_a_missing_price_names_the_pricing_that_exists_in_the_cli_and_on_the_page(capsys):
+    says_no_cost_in_the_cli_and_on_the_page(capsys, LLAMA, "1_Training.py", "train", "Cost to train")
+
+
+def test_a_serving_plan_without_a_price_names_the_pricing_that_exists_in_the_cli_and_on_the_page(capsys):
+    chat = EXAMPLES / "serving-llama3.1-70b-chat-p5.yaml"
+    cost = "$ per M output tokens"
+    at = says_no_cost_in_the_cli_and_on_the_page(capsys, chat, "2_Serving.py", "serve", cost)
+    at.selectbox(key="serve.pricing").set_value("capacity-block").run()    # a price: no warning
+    assert not at.exception and "No cost" not in texts(at.warning)
+    assert shown(at)[cost] != "no price"
 
 
 def test_a_plan_that_does_not_fit_shows_no_better_arrows_and_names_a_neighbour_that_fits():

@@ -381,6 +381,8 @@ def render(
         help="share of the KV-cache blocks in use",
         infeasible=bool(bad),
     )
+    if logic.price_note(r):
+        st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")
     if m.get("slo_met") is not None:
         st.caption(
             f"SLOs met: **{'yes' if m['slo_met'] else 'no'}** · goodput "

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from ..cost import price_of
 from ..engine.serving_des import EngineConfig, Job, ReplicaEngine, Router, itl_samples, weighted_percentile
 from ..errors import ConfigError, InfeasibleError
 from ..model.serving_cost import (
@@ -86,6 +87,7 @@ class ServingPlan:
     usd_per_hour: float | None = None      # whole fleet
     price_date: str = ""
     pricing_option: str = ""
+    price_source: str = ""                 # fmsim.cost: the price's source, or which pricing exists
     hbm_bytes: float = 0.0
 
     def pool(self, role: str) -> Pool | None:
@@ -93,20 +95,6 @@ class ServingPlan:
             if p.role == role:
                 return p
         return None
-
-
-def _price(instance_name: str, pricing: Any) -> tuple[float | None, str, str]:
-    """(USD per instance-hour or None, date, option) by the rule of ``fmsim.cost``."""
-    explicit = getattr(pricing, "usd_per_hour", None) if pricing is not None else None
-    if explicit is not None:
-        return float(explicit), "", "explicit"
-    option = (getattr(pricing, "option", None) if pricing is not None else None) or "on-demand"
-    from ..catalog import load_catalog
-
-    p = load_catalog().price(instance_name, option)
-    if p is None:
-        return None, "", option
-    return p.usd_per_hour, p.date, option
 
 
 def _mean_lengths(spec: InferenceSpec) -> tuple[float, float]:
@@ -223,11 +211,13 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
                                 tp=tp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=replicas,
                                 spec=spec, profile=profile, collective=collective, file=file, isl=isl, osl=osl,
                                 max_isl=max_isl))
-    usd, date, option = _price(instance.name, pricing)
+    price = price_of(instance.name, pricing)
+    usd = price.usd_per_hour
     return ServingPlan(name=name, file=file, model=model, instance=instance, precision=precision, tp=tp, pp=pp,
                        ep=ep, nodes=nodes, gpus=gpus, spec=spec, profile=profile, pools=tuple(pools), seed=seed,
-                       usd_per_hour=usd * nodes if usd is not None else None, price_date=date,
-                       pricing_option=option, hbm_bytes=instance.accelerator.hbm_bytes)
+                       usd_per_hour=usd * nodes if usd is not None else None, price_date=price.date,
+                       pricing_option=price.option, price_source=price.source,
+                       hbm_bytes=instance.accelerator.hbm_bytes)
 
 
 def plan_from_scenario(sc: Any, *, collective: Any = "fabric") -> ServingPlan:
@@ -750,7 +740,7 @@ def _details(plan: ServingPlan) -> dict[str, Any]:
                       "admission": p.cfg.admission, "prefix_caching": p.cfg.prefix_caching,
                       "kv_dtype": p.cost.kv_dtype, "precision": p.cost.precision})
     return {"engine": plan.profile.name, "engine_source": plan.profile.source, "pools": pools,
-            "pricing_option": plan.pricing_option}
+            "pricing_option": plan.pricing_option, "price_source": plan.price_source}
 
 
 def _bottleneck(plan: ServingPlan, m: Mapping[str, Any], step: Mapping[str, float]) -> str:
