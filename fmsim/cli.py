@@ -618,6 +618,7 @@ def _catalog_show(cat: Any, name: str) -> str:
         ("model", cat.models),
         ("fabric", cat.fabrics),
         ("storage tier", cat.storage),
+        ("stack", cat.stacks),
     ]
     for kind, table in tables:
         if name in table:
@@ -645,6 +646,15 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     from .catalog import load_catalog
 
     cat = load_catalog()
+    # software stacks (stack_catalog/, fmsim.stacks): the table, and show STACK with each value's source
+    if args.what == "stacks" and not args.name:
+        from .stacks import stacks_table
+        print(_table(["stack", "kind", "framework", "sets"], stacks_table(cat.stacks)))
+        return EXIT_OK
+    if args.what == "show" and args.name in cat.stacks:
+        from .stacks import describe
+        print("\n".join(describe(cat.stacks[args.name])))
+        return EXIT_OK
     if args.what == "show":
         if not args.name:
             raise ConfigError(
@@ -708,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
         "what",
         nargs="?",
         default="instances",
-        choices=CATALOG_TABLES + ("show",),
+        choices=CATALOG_TABLES + ("stacks", "show"),
         help="which table (default: instances), or show NAME",
     )
     p.add_argument(
