@@ -226,7 +226,7 @@ def _sections_ok(sc: Any, errors: list[str]) -> bool:
     return True
 
 
-def _print_result(sc: Any, res: Any) -> None:
+def _print_result(sc: Any, res: Any, extra: Sequence[str] = ()) -> None:
     print(f"== {res.scenario}  ({sc.file})")
     row = res.to_dict()
     width = max((len(k) for k in row), default=10) + 2
@@ -254,7 +254,27 @@ def _print_result(sc: Any, res: Any) -> None:
     sentence = details.get("bottleneck_sentence") or details.get("bottleneck")
     if isinstance(sentence, str) and sentence:
         print(f"  {sentence}")
+    for line in extra:
+        print(f"  {line}")
     print()
+
+
+def _with_band(sc: Any, res: Any) -> tuple[Any, list[str]]:
+    """``run --band``: the result with its band columns, and the line that says it (fmsim.band)."""
+    import dataclasses
+
+    from .band import BAND_COLUMNS, band, band_columns
+
+    b = band(sc)
+    cols = band_columns(sc.workload.kind, b, res.metrics)
+    res = dataclasses.replace(res, metrics={**res.metrics, **cols})
+    metric = b.headline
+    lo, hi = (cols.get(c) for c in BAND_COLUMNS["serving" if metric == "output_tokens_per_s" else "training"][metric])
+    name = "step" if metric == "step_time_s" else "output"
+    point = format_column(metric, res.metrics.get(metric))
+    why = f"{b.label()} unstated" if b.most else "every setting it varies is stated"
+    return res, [f"band: {name} {point}, {format_column(metric, lo)}-{format_column(metric, hi)}: {why} "
+                 f"({len(b.varied)} unstated setting{_s(len(b.varied))} varied, {b.runs} estimates)"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -279,8 +299,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say_error(error_line(sc, exc))
             failed = True
             continue
+        extra: list[str] = []
+        if getattr(args, "band", False):
+            res, extra = _with_band(sc, res)
         results.append(res)
-        _print_result(sc, res)
+        _print_result(sc, res, extra)
     from .export import write_csv, write_json
 
     if args.csv:
@@ -736,6 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a Chrome/Perfetto trace of the simulated timeline to F "
         "(one file per scenario when several: F-<name>.json)",
     )
+    p.add_argument("--band", action="store_true",
+                   help="also vary the settings the file and its stack leave unstated (analytical estimates) "
+                        "and report the low-high band and the setting that moves it most")
     p.set_defaults(_handler=cmd_run)
 
     p = sub.add_parser("check", help="run scenarios with expect: bands; exit 1 when one leaves its band")

@@ -47,6 +47,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.overlap.tp_qkv": "training",
     "parallelism.overlap.tp_rs_dgrad": "training",
     "parallelism.overlap.ep_comm": "training",
+    "cluster.network.in_network_reduction": "training",
     "serving.engine": "serving",
     "serving.chunked_prefill": "serving",
     "serving.mixed_batches": "serving",
