@@ -407,11 +407,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{s.errors} scenario{'s' if s.errors != 1 else ''} raised an error; {skipped} without measured: "
         "skipped" + (f"; {len(errors)} file{'s' if len(errors) != 1 else ''} not loaded" if errors else "")
     )
+    _validate_by_configuration(with_measured, rows, band=getattr(args, "band", False))
     if args.csv:
         from .export import write_rows_csv
 
         _write("CSV", args.csv, lambda: write_rows_csv([r.as_dict() for r in rows], args.csv))
     return EXIT_USAGE if errors else EXIT_OK
+
+
+def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *, band: bool) -> None:
+    """The errors of rows whose source states the configuration and of partial ones, side by side, and
+    with ``--band`` how often the measurement lies in its prediction's band (fmsim.band) and how wide it is."""
+    import statistics
+
+    from .validate import band_rows, by_configuration
+
+    groups = by_configuration(scenarios, rows)
+    if set(groups) != {"-"}:
+        parts = [f"{mark}: {g.compared} rows, median |error| {g.median_abs_pct:.1f} %, worst {g.worst_abs_pct:.1f} %"
+                 for mark, g in groups.items() if g.compared and g.median_abs_pct is not None
+                 and g.worst_abs_pct is not None]
+        print("by configuration -- " + "; ".join(parts))
+    if band:
+        brs = band_rows(scenarios, rows)
+        for mark in sorted({b.configuration for b in brs}) + ["all"]:
+            sel = [b for b in brs if mark in ("all", b.configuration)]
+            inside = sum(b.inside for b in sel)
+            print(f"band ({mark}): {inside} of {len(sel)} measured values inside their band "
+                  f"({100 * inside / len(sel):.0f} %), median width +-"
+                  f"{statistics.median(b.half_width_pct for b in sel):.1f} %")
 
 
 APP_ENTRY = "Home.py"
@@ -773,6 +797,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(p)
     _add_jobs_arg(p)
     p.add_argument("--csv", metavar="F", help="write the comparison rows as CSV to F ('-' = stdout)")
+    p.add_argument("--band", action="store_true",
+                   help="also report how often the measurement lies in its prediction's band (fmsim.band)")
     p.set_defaults(_handler=cmd_validate)
 
     p = sub.add_parser("lint", help="validate scenario files without running them")
