@@ -146,3 +146,13 @@ def test_catalog_commands_list_stacks_with_sources(capsys):
     assert "parallelism.grad_bucket: megatron" in out and "source: NVIDIA/Megatron-LM" in out
     assert main(["catalog", "show", "megatron-core-08"]) == 2
     assert "did you mean 'megatron-core-0.8'" in capsys.readouterr().err
+
+
+def test_a_stack_value_a_plan_refuses_gives_the_reader_s_error_naming_the_stack():
+    data = _with(stack="llm-foundry-2023")          # Triton FlashAttention-1: a figure for A100 and H100 only
+    data["cluster"] = {"instance": "p6-b200.48xlarge", "nodes": 2}
+    with pytest.raises(ConfigError, match=r"workload\.attention_kernel: flash1 on p6-b200.48xlarge: .*"
+                                          r"\(set by stack 'llm-foundry-2023'\)"):
+        scenario_from_mapping(data, file="x.yaml")
+    data["workload"]["attention_kernel"] = "flash"  # stating the field wins, and the error is gone
+    assert scenario_from_mapping(data).workload.attention_kernel == "flash"
