@@ -103,35 +103,43 @@ def _load_profile(name: str, entry: Any) -> StackProfile:
     if not isinstance(raw, Mapping):
         raise entry.err("settings", "expected a mapping of scenario field paths to {value, source}")
     settings = []
-    for path, body in raw.items():
+    for path, alternatives in raw.items():
         where = f"settings.{path}"
         if SETTABLE.get(str(path)) != kind:
             known = [p for p, k in SETTABLE.items() if k == kind]
             from .catalog import suggest
             raise entry.err(where, f"not a field a {kind} stack may set{suggest(str(path), known)}")
-        if not isinstance(body, Mapping) or "value" not in body:
-            raise entry.err(where, "expected a mapping with value and source")
-        for key in body:
-            if key not in SETTING_KEYS:
-                raise entry.err(f"{where}.{key}", f"unknown key (expected {', '.join(SETTING_KEYS)})")
-        source = str(body.get("source") or "").strip()
-        if not source:
-            raise entry.err(f"{where}.source", "is empty (every stack value needs its source)")
-        if not _SOURCE_REF.search(source):
-            raise entry.err(f"{where}.source", "names no commit or release (expected repository, file "
-                            "and @commit or a release tag)")
-        recipes = body.get("recipes") or ()
-        if not isinstance(recipes, (list, tuple)) or any(r not in RECIPES for r in recipes):
-            raise entry.err(f"{where}.recipes", f"expected a list of {', '.join(RECIPES)}")
-        value = body["value"]
-        if isinstance(value, list):
-            value = tuple(value)
-        settings.append(StackSetting(path=str(path), value=value, source=source, recipes=tuple(recipes)))
+        # one {value, source[, recipes]}, or a list of them for a rule that depends on the recipe
+        for i, body in enumerate(alternatives if isinstance(alternatives, list) else [alternatives]):
+            settings.append(_setting(entry, str(path), body, f"{where}[{i}]" if isinstance(alternatives, list)
+                                     else where))
     profile = StackProfile(name=name, framework=str(entry.get("framework")), release=str(entry.get("release")),
                            kind=kind, description=str(entry.get("description", "")),
                            settings=tuple(settings), file=str(entry.file))
     entry.check_unknown()
     return profile
+
+
+def _setting(entry: Any, path: str, body: Any, where: str) -> StackSetting:
+    """One ``{value, source[, recipes]}`` of a profile, checked (every value needs its source)."""
+    if not isinstance(body, Mapping) or "value" not in body:
+        raise entry.err(where, "expected a mapping with value and source")
+    for key in body:
+        if key not in SETTING_KEYS:
+            raise entry.err(f"{where}.{key}", f"unknown key (expected {', '.join(SETTING_KEYS)})")
+    source = str(body.get("source") or "").strip()
+    if not source:
+        raise entry.err(f"{where}.source", "is empty (every stack value needs its source)")
+    if not _SOURCE_REF.search(source):
+        raise entry.err(f"{where}.source", "names no commit or release (expected repository, file "
+                        "and @commit or a release tag)")
+    recipes = body.get("recipes") or ()
+    if not isinstance(recipes, (list, tuple)) or any(r not in RECIPES for r in recipes):
+        raise entry.err(f"{where}.recipes", f"expected a list of {', '.join(RECIPES)}")
+    value = body["value"]
+    if isinstance(value, list):
+        value = tuple(value)
+    return StackSetting(path=path, value=value, source=source, recipes=tuple(recipes))
 
 
 def load_stacks(directory: Path) -> dict[str, StackProfile]:
@@ -154,7 +162,7 @@ def stack_defaults(profile: StackProfile, precision: Any) -> dict[str, Any]:
     """The nested mapping of what ``profile`` sets for a file of ``precision`` (its raw value)."""
     out: dict[str, Any] = {}
     for s in profile.settings:
-        if s.applies(precision):
+        if s.applies(precision) and lookup(out, s.path) is None:   # the first alternative that applies
             _nest(out, s.path, s.value)
     return out
 
@@ -172,9 +180,9 @@ def stack_values(stacks: Mapping[str, StackProfile], path: str) -> tuple[Any, ..
     """The values the profiles give ``path``, in catalog order, each once."""
     seen: list[Any] = []
     for p in stacks.values():
-        s = p.setting(path)
-        if s is not None and s.value not in seen:
-            seen.append(s.value)
+        for s in p.settings:
+            if s.path == path and s.value not in seen:
+                seen.append(s.value)
     return tuple(seen)
 
 
