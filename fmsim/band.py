@@ -27,7 +27,8 @@ from .stacks import SETTABLE, lookup, stack_values
 __all__ = ["BAND_COLUMNS", "Band", "band", "band_columns"]
 
 #: settings no stack profile states but real runs differ in, with the values they take: in-network
-#: reduction (NVIDIA SHARP) is a fabric fact that MLPerf and NeMo's SHARP runs switch on (docs/design-notes.md)
+#: reduction (NVIDIA SHARP) is a fabric fact that MLPerf's and NeMo's SHARP runs switch on
+#: (docs/design-notes.md)
 EXTRA_VALUES: Mapping[str, tuple[Any, ...]] = {"cluster.network.in_network_reduction": (False, True)}
 #: the metric a band is chosen by (its extremes pick the combined runs) and reported on, per stack kind
 HEADLINE = {"training": "step_time_s", "serving": "output_tokens_per_s"}

@@ -269,7 +269,8 @@ def _with_band(sc: Any, res: Any) -> tuple[Any, list[str]]:
     cols = band_columns(sc.workload.kind, b, res.metrics)
     res = dataclasses.replace(res, metrics={**res.metrics, **cols})
     metric = b.headline
-    lo, hi = (cols.get(c) for c in BAND_COLUMNS["serving" if metric == "output_tokens_per_s" else "training"][metric])
+    lo_col, hi_col = BAND_COLUMNS["serving" if metric == "output_tokens_per_s" else "training"][metric]
+    lo, hi = cols.get(lo_col), cols.get(hi_col)
     name = "step" if metric == "step_time_s" else "output"
     point = format_column(metric, res.metrics.get(metric))
     why = f"{b.label()} unstated" if b.most else "every setting it varies is stated"
@@ -417,16 +418,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *, band: bool) -> None:
     """The errors of rows whose source states the configuration and of partial ones, side by side, and
-    with ``--band`` how often the measurement lies in its prediction's band (fmsim.band) and how wide it is."""
+    with ``--band`` how often the measurement lies in its prediction's band (fmsim.band), and its width."""
     import statistics
 
     from .validate import band_rows, by_configuration
 
     groups = by_configuration(scenarios, rows)
     if set(groups) != {"-"}:
-        parts = [f"{mark}: {g.compared} rows, median |error| {g.median_abs_pct:.1f} %, worst {g.worst_abs_pct:.1f} %"
-                 for mark, g in groups.items() if g.compared and g.median_abs_pct is not None
-                 and g.worst_abs_pct is not None]
+        parts = [f"{mark}: {g.compared} rows, median |error| {g.median_abs_pct:.1f} %, "
+                 f"worst {g.worst_abs_pct:.1f} %" for mark, g in groups.items()
+                 if g.compared and g.median_abs_pct is not None and g.worst_abs_pct is not None]
         print("by configuration -- " + "; ".join(parts))
     if band:
         brs = band_rows(scenarios, rows)

@@ -111,8 +111,6 @@ TOP_KEYS = (
     "configuration",
     *EXTRA_SECTIONS,
 )
-#: ``configuration:`` -- how completely the measurement's source states the run's settings
-CONFIGURATIONS = ("stated", "partial")
 WORKLOAD_KEYS = (
     "kind",
     "model",
@@ -799,7 +797,7 @@ class _Section:
                 raise self.err(key, f"unknown key {key!r}{suggest(key, allowed)}")
 
     def _value(self, key: str) -> Any:
-        """The file's value of ``key``, else the stack's (a mapping merged under the file's keys), else None."""
+        """The file's value of ``key``, else the stack's (mappings merged, the file's on top), else None."""
         own, inherited = self.data.get(key), self.inherited.get(key)
         if own is None:
             return inherited

@@ -113,8 +113,9 @@ def _load_profile(name: str, entry: Any) -> StackProfile:
         for i, body in enumerate(alternatives if isinstance(alternatives, list) else [alternatives]):
             settings.append(_setting(entry, str(path), body, f"{where}[{i}]" if isinstance(alternatives, list)
                                      else where))
-    profile = StackProfile(name=name, framework=str(entry.get("framework")), release=str(entry.get("release")),
-                           kind=kind, description=str(entry.get("description", "")),
+    profile = StackProfile(name=name, framework=str(entry.get("framework")),
+                           release=str(entry.get("release")), kind=kind,
+                           description=str(entry.get("description", "")),
                            settings=tuple(settings), file=str(entry.file))
     entry.check_unknown()
     return profile

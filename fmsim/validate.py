@@ -272,7 +272,8 @@ def summarize(rows: Sequence[ValidationRow]) -> ValidationSummary:
     )
 
 
-def by_configuration(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> dict[str, ValidationSummary]:
+def by_configuration(scenarios: Sequence[Scenario],
+                     rows: Sequence[ValidationRow]) -> dict[str, ValidationSummary]:
     """:func:`summarize` per ``configuration:`` mark (stated, partial; unmarked files as ``-``)."""
     marks = {(sc.file, sc.name): sc.configuration or "-" for sc in scenarios}
     groups: dict[str, list[ValidationRow]] = {}

@@ -87,7 +87,8 @@ def test_band_columns_scale_with_the_row_s_own_point():
     lo, hi = b.relative()
     assert abs(cols["step_time_low_s"] - 2 * b.point["step_time_s"] * lo) < 1e-9
     assert cols["step_time_high_s"] >= 2 * b.point["step_time_s"]
-    assert band_columns("pretrain", None, {"step_time_s": 1.0}) == {"step_time_low_s": None, "step_time_high_s": None}
+    empty = {"step_time_low_s": None, "step_time_high_s": None}
+    assert band_columns("pretrain", None, {"step_time_s": 1.0}) == empty
 
 
 def test_run_band_prints_the_band_and_writes_its_columns(tmp_path, capsys):
