@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FmsimError
-from .export import BAND_COLUMNS as _EXPORT_COLUMNS
 from .stacks import SETTABLE, lookup, stack_values
 
 __all__ = ["BAND_COLUMNS", "Band", "band", "band_columns"]
@@ -32,10 +31,10 @@ __all__ = ["BAND_COLUMNS", "Band", "band", "band_columns"]
 EXTRA_VALUES: Mapping[str, tuple[Any, ...]] = {"cluster.network.in_network_reduction": (False, True)}
 #: the metric a band is chosen by (its extremes pick the combined runs) and reported on, per stack kind
 HEADLINE = {"training": "step_time_s", "serving": "output_tokens_per_s"}
-#: CSV columns a band adds (appended to the contract, fmsim.export): metric -> (low column, high column)
+#: the result columns a band fills (appended to the CSV contract, fmsim.results): metric -> (low, high)
 BAND_COLUMNS: Mapping[str, Mapping[str, tuple[str, str]]] = {
-    "training": {"step_time_s": _EXPORT_COLUMNS["pretrain"]},
-    "serving": {"output_tokens_per_s": _EXPORT_COLUMNS["inference"]},
+    "training": {"step_time_s": ("step_time_low_s", "step_time_high_s")},
+    "serving": {"output_tokens_per_s": ("output_tokens_per_s_low", "output_tokens_per_s_high")},
 }
 _LABELS = {"cluster.network.in_network_reduction": "in-network reduction"}
 

@@ -23,16 +23,7 @@ from .results import COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS, Result
 
 __all__ = ["csv_cell", "csv_header", "csv_text", "json_value", "write_csv", "write_json"]
 
-#: a prediction's band (fmsim.band, ``fmsim run --band``), appended to the contract: empty without a band
-BAND_COLUMNS = {
-    "pretrain": ("step_time_low_s", "step_time_high_s"),
-    "finetune": ("step_time_low_s", "step_time_high_s"),
-    "inference": ("output_tokens_per_s_low", "output_tokens_per_s_high"),
-}
-
-
-_CONTRACT_ORDER = tuple(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS
-                                     + tuple(c for cols in BAND_COLUMNS.values() for c in cols)))
+_CONTRACT_ORDER = tuple(dict.fromkeys(COMMON_COLUMNS + TRAINING_COLUMNS + INFERENCE_COLUMNS))
 
 
 def csv_header(rows: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -93,16 +84,9 @@ def write_rows_csv(
             fh.close()
 
 
-def result_row(r: Result) -> dict[str, Any]:
-    """The CSV row of a result: ``Result.to_dict()`` and its kind's band columns (from ``metrics``)."""
-    row = r.to_dict()
-    row.update({c: r.metrics.get(c) for c in BAND_COLUMNS.get(r.kind, ())})
-    return row
-
-
 def write_csv(results: Iterable[Result], path: str | os.PathLike[str]) -> None:
-    """One row per result (:func:`result_row`); mixed kinds share the union header."""
-    write_rows_csv([result_row(r) for r in results], path)
+    """One row per result (``Result.to_dict()``); mixed kinds share the union header."""
+    write_rows_csv([r.to_dict() for r in results], path)
 
 
 def json_value(value: Any) -> Any:

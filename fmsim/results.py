@@ -21,12 +21,17 @@ TRAINING_COLUMNS = (
     "vpp", "zero", "dp_shard", "micro_batch", "global_batch", "num_microbatches", "precision", "recompute",
     # layers per virtual stage full recompute covers (parallelism.recompute_layers), empty when every one
     "recompute_layers",
+    # the prediction's band over the settings the file and its stack leave unstated (fmsim.band,
+    # `fmsim run --band`), empty without one
+    "step_time_low_s", "step_time_high_s",
 )
 
 INFERENCE_COLUMNS = (
     "output_tokens_per_s", "output_tokens_per_s_per_gpu", "requests_per_s",
     "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "e2e_p50_s", "e2e_p99_s",
     "usd_per_million_output_tokens", "usd_per_query",
+    # the band (fmsim.band, `fmsim run --band`), empty without one
+    "output_tokens_per_s_low", "output_tokens_per_s_high",
 )
 
 COLUMNS_BY_KIND = {
