@@ -109,7 +109,7 @@ def test_run_band_prints_the_band_and_writes_its_columns(tmp_path, capsys):
 
 
 def test_validate_reports_rows_by_configuration_and_band_honesty(capsys):
-    files = [str(ROOT / "scenarios/validation/training" / f) for f in ("mpt-03.yaml", "meg21-01.yaml")]
+    files = [str(ROOT / "scenarios/validation/training" / f) for f in ("mpt-04.yaml", "meg21-01.yaml")]
     assert main(["validate", "--estimate", "--band", *files]) == 0
     out = capsys.readouterr().out
     assert "by configuration -- partial: 1 rows" in out and "stated: 1 rows" in out
