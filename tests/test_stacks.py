@@ -160,3 +160,18 @@ def test_a_stack_value_a_plan_refuses_gives_the_reader_s_error_naming_the_stack(
         scenario_from_mapping(data, file="x.yaml")
     data["workload"]["attention_kernel"] = "flash"  # stating the field wins, and the error is gone
     assert scenario_from_mapping(data).workload.attention_kernel == "flash"
+
+
+def test_serving_validation_files_that_name_a_stack_agree_with_it():
+    """A serving file that names its engine release's stack (scenarios/validation/inference) keeps the engine
+    that stack sets, and is marked by how completely its source states the configuration."""
+    files = sorted((ROOT / "scenarios" / "validation" / "inference").glob("*.yaml"))
+    named = [f for f in files if load_scenario(f).stack]
+    assert len(named) >= 43
+    catalog = load_catalog()
+    for f in named:
+        sc = load_scenario(f)
+        assert sc.configuration in ("stated", "partial"), f.name
+        assert sc.configuration == "stated" or sc.configuration_missing, f.name
+        engine = scenario_to_mapping(sc)["serving"]["engine"]
+        assert catalog.stacks[sc.stack].setting("serving.engine").value == engine, f.name
