@@ -99,7 +99,8 @@ def test_validation_files_resolve_the_settings_they_had_before_naming_stacks():
     """Every validation file names its stack and resolves each stack-settable field as the golden says. The
     golden was written from the files before the stacks refactor (no prediction moved) and changed once on
     purpose (2026-12-01): the gradient buckets the stacks ship (NeMo 2.x / Megatron-Bridge 128 Mi parameters,
-    torchtitan and llm-foundry one per FSDP unit, DeepSpeed's 5e8 on the 2021 ZeRO-3 rows)."""
+    torchtitan and llm-foundry one per FSDP unit, DeepSpeed's 5e8 on the 2021 ZeRO-3 rows, the NEMO2407 files'
+    per-model buckets of NeMo-Framework-Launcher)."""
     golden = json.loads(GOLDEN.read_text())
     files = sorted(TRAINING.glob("*.yaml"))
     assert sorted(f.name for f in files) == sorted(golden)
