@@ -12,7 +12,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA_DIRS = ("hardware_catalog", "model_catalog", "scenarios", "app")
+DATA_DIRS = ("hardware_catalog", "model_catalog", "stack_catalog", "scenarios", "app")
 
 
 class BuildWithCatalogs(build_py):

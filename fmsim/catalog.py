@@ -265,6 +265,7 @@ class Catalog:
     storage: Mapping[str, StorageTier]
     models: Mapping[str, Any]      # name -> fmsim.model.architecture.ModelSpec
     extra: Mapping[str, Any] = field(default_factory=dict)   # topology parameters, reference data
+    stacks: Mapping[str, Any] = field(default_factory=dict)  # name -> fmsim.stacks.StackProfile
 
     def _get(self, kind: str, table: Mapping[str, Any], name: str) -> Any:
         try:
@@ -283,6 +284,10 @@ class Catalog:
 
     def model(self, name: str) -> Any:
         return self._get("model", self.models, name)
+
+    def stack(self, name: str) -> Any:
+        """The software stack profile ``name`` (``stack_catalog/``), a "did you mean" on a miss."""
+        return self._get("stack", self.stacks, name)
 
     def storage_tier(self, name: str) -> StorageTier:
         return self._get("storage tier", self.storage, name)
@@ -727,5 +732,8 @@ def load_catalog(root: str | None = None) -> Catalog:
     models = {}
     for n, e in _entries(mc, "models"):
         models[n] = model_from_mapping(e.data, name=n, file=str(e.file), where=e.where, require_source=True)
+    from .stacks import load_stacks  # the stack catalog reads its entries with this module's helpers
+
+    stacks = load_stacks(base / "stack_catalog")
     return Catalog(accelerators=accels, fabrics=fabrics, instances=instances, prices=prices,
-                   storage=storage, models=models, extra=extra)
+                   storage=storage, models=models, extra=extra, stacks=stacks)

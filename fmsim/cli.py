@@ -305,7 +305,7 @@ def _sections_ok(sc: Any, errors: list[str]) -> bool:
     return True
 
 
-def _print_result(sc: Any, res: Any) -> None:
+def _print_result(sc: Any, res: Any, extra: Sequence[str] = ()) -> None:
     print(f"== {res.scenario}  ({sc.file})")
     row = res.to_dict()
     width = max((len(k) for k in row), default=10) + 2
@@ -340,6 +340,8 @@ def _print_result(sc: Any, res: Any) -> None:
         print(f"  {sentence}")
     if res.usd_per_hour is None and details.get("price_source"):  # fmsim.cost says which pricing exists
         print(f"  no cost: {details['price_source']}")
+    for line in extra:
+        print(f"  {line}")
     print()
 
 
@@ -363,6 +365,25 @@ def _print_serving_lines(res: Any, details: Mapping[str, Any]) -> None:
     if isinstance(cap, Mapping):
         print(f"  simulated {cap.get('simulated'):,} of {cap.get('requests'):,} requests (the cap, "
               f"{cap.get('cap'):,}): the figures are the steady state's")
+
+
+def _with_band(sc: Any, res: Any) -> tuple[Any, list[str]]:
+    """``run --band``: the result with its band columns, and the line that says it (fmsim.band)."""
+    import dataclasses
+
+    from .band import BAND_COLUMNS, band, band_columns
+
+    b = band(sc)
+    cols = band_columns(sc.workload.kind, b, res.metrics)
+    res = dataclasses.replace(res, metrics={**res.metrics, **cols})
+    metric = b.headline
+    lo_col, hi_col = BAND_COLUMNS["serving" if metric == "output_tokens_per_s" else "training"][metric]
+    lo, hi = cols.get(lo_col), cols.get(hi_col)
+    name = "step" if metric == "step_time_s" else "output"
+    point = format_column(metric, res.metrics.get(metric))
+    why = f"{b.label()} unstated" if b.most else "every setting it varies is stated"
+    return res, [f"band: {name} {point}, {format_column(metric, lo)}-{format_column(metric, hi)}: {why} "
+                 f"({len(b.varied)} unstated setting{_s(len(b.varied))} varied, {b.runs} estimates)"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -401,9 +422,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say_error(f"{trace}: cannot write the trace: {exc.strerror or exc}")
             failed = True
             continue
+        extra: list[str] = []
+        if getattr(args, "band", False):
+            res, extra = _with_band(sc, res)
         results.append(res)
         with _report_to_stderr_if(args.csv == "-" or args.json == "-"):
-            _print_result(sc, res)
+            _print_result(sc, res, extra)
         why = _infeasible(sc, res)
         if why:
             _say_error(why)
@@ -487,6 +511,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                                           progress=_progress(args)) if with_measured else []
     with _report_to_stderr_if(args.csv == "-"):
         _print_validation(rows, scenarios, with_measured, errors)
+        _validate_by_configuration(with_measured, rows, band=getattr(args, "band", False))
     if args.csv:
         from .export import write_rows_csv
 
@@ -533,6 +558,29 @@ def _print_validation(rows: Sequence[Any], scenarios: Sequence[Any], with_measur
         f"{s.errors} scenario{'s' if s.errors != 1 else ''} raised an error; {skipped} without measured: "
         "skipped" + (f"; {len(errors)} file{'s' if len(errors) != 1 else ''} not loaded" if errors else "")
     )
+
+
+def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *, band: bool) -> None:
+    """The errors of rows whose source states the configuration and of partial ones, side by side, and
+    with ``--band`` how often the measurement lies in its prediction's band (fmsim.band), and its width."""
+    import statistics
+
+    from .validate import band_rows, by_configuration
+
+    groups = by_configuration(scenarios, rows)
+    if set(groups) != {"-"}:
+        parts = [f"{mark}: {g.compared} rows, median |error| {g.median_abs_pct:.1f} %, "
+                 f"worst {g.worst_abs_pct:.1f} %" for mark, g in groups.items()
+                 if g.compared and g.median_abs_pct is not None and g.worst_abs_pct is not None]
+        print("by configuration -- " + "; ".join(parts))
+    if band:
+        brs = band_rows(scenarios, rows)
+        for mark in sorted({b.configuration for b in brs}) + ["all"]:
+            sel = [b for b in brs if mark in ("all", b.configuration)]
+            inside = sum(b.inside for b in sel)
+            print(f"band ({mark}): {inside} of {len(sel)} measured values inside their band "
+                  f"({100 * inside / len(sel):.0f} %), median width +-"
+                  f"{statistics.median(b.half_width_pct for b in sel):.1f} %")
 
 
 APP_ENTRY = "Home.py"
@@ -765,6 +813,7 @@ def _catalog_show(cat: Any, name: str) -> str:
         ("model", cat.models),
         ("fabric", cat.fabrics),
         ("storage tier", cat.storage),
+        ("stack", cat.stacks),
     ]
     for kind, table in tables:
         if name in table:
@@ -792,6 +841,15 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     from .catalog import load_catalog
 
     cat = load_catalog()
+    # software stacks (stack_catalog/, fmsim.stacks): the table, and show STACK with each value's source
+    if args.what == "stacks" and not args.name:
+        from .stacks import stacks_table
+        print(_table(["stack", "kind", "framework", "sets"], stacks_table(cat.stacks)))
+        return EXIT_OK
+    if args.what == "show" and args.name in cat.stacks:
+        from .stacks import describe
+        print("\n".join(describe(cat.stacks[args.name])))
+        return EXIT_OK
     if args.what == "show":
         if not args.name:
             raise ConfigError(
@@ -855,7 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
         "what",
         nargs="?",
         default="instances",
-        choices=CATALOG_TABLES + ("show",),
+        choices=CATALOG_TABLES + ("stacks", "show"),
         help="which table (default: instances), or show NAME",
     )
     p.add_argument(
@@ -873,6 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a Chrome/Perfetto trace of the simulated timeline to F "
         "(one file per scenario when several: F-<name>.json)",
     )
+    p.add_argument("--band", action="store_true",
+                   help="also vary the settings the file and its stack leave unstated (analytical estimates) "
+                        "and report the low-high band and the setting that moves it most")
     p.set_defaults(_handler=cmd_run)
 
     p = sub.add_parser("check", help="run scenarios with expect: bands; exit 1 when one leaves its band")
@@ -884,6 +945,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scenario_args(p)
     _add_jobs_arg(p)
     p.add_argument("--csv", metavar="F", help="write the comparison rows as CSV to F ('-' = stdout)")
+    p.add_argument("--band", action="store_true",
+                   help="also report how often the measurement lies in its prediction's band (fmsim.band)")
     p.set_defaults(_handler=cmd_validate)
 
     p = sub.add_parser("lint", help="validate scenario files without running them")

@@ -21,6 +21,9 @@ TRAINING_COLUMNS = (
     "vpp", "zero", "dp_shard", "micro_batch", "global_batch", "num_microbatches", "precision", "recompute",
     # layers per virtual stage full recompute covers (parallelism.recompute_layers), empty when every one
     "recompute_layers",
+    # the prediction's band over the settings the file and its stack leave unstated (fmsim.band,
+    # `fmsim run --band`), empty without one
+    "step_time_low_s", "step_time_high_s",
     # storage and failures over the run (docs/storage.md): storage dollars, the data-loading stall's share of
     # the step, training time lost per checkpoint, interruptions expected over the run, goodput's p10 / p90
     "storage_usd", "data_stall_share", "checkpoint_downtime_s", "expected_interruptions", "goodput_p10",
@@ -50,6 +53,8 @@ RL_COLUMNS = (
     "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s", "transition_s",
     "generated_tokens_per_s", "trained_tokens_per_step", "generation_utilization", "training_utilization",
     "usd_per_million_trained_tokens", "rl_steps",
+    # the band (fmsim.band, `fmsim run --band`), empty without one
+    "output_tokens_per_s_low", "output_tokens_per_s_high",
 )
 
 COLUMNS_BY_KIND = {

@@ -37,6 +37,7 @@ from .catalog import (
 from .errors import ConfigError, ParallelismError
 from .model.architecture import ModelSpec, model_from_mapping
 from .results import COLUMNS_BY_KIND, COMMON_COLUMNS, INFERENCE_COLUMNS, TRAINING_COLUMNS
+from .stacks import SETTABLE, check_kind, lookup, stack_defaults
 from .units import parse_bytes, parse_count, parse_flop_rate, parse_rate, parse_time
 
 __all__ = [
@@ -110,6 +111,8 @@ TOP_KEYS = (
     "data",
     "measured",
     "expect",
+    "stack",
+    "configuration",
     *EXTRA_SECTIONS,
 )
 WORKLOAD_KEYS = (
@@ -466,6 +469,12 @@ class Scenario:
     measured_notes: Mapping[str, str] = field(default_factory=dict)  # flops_formula, peak, notes
     expect: Mapping[str, Expect] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)  # raw kind-specific sections
+    # software stack (stack_catalog/): its name, and the stack-settable fields (fmsim.stacks.SETTABLE) the
+    # file or its stack states -- the others are fmsim's global defaults, which fmsim.band varies
+    stack: str = ""
+    stated: tuple[str, ...] = field(default=(), compare=False)
+    configuration: str = ""              # stated | partial (how completely the source states the settings)
+    configuration_missing: str = ""      # with partial: what the source leaves out
 
     @property
     def measured_peak_flop_per_s(self) -> float | None:
@@ -817,34 +826,57 @@ def _what(value: Any) -> str:
 
 
 class _Section:
-    """One mapping of the scenario: typed getters whose errors carry ``file`` and ``field``."""
+    """One mapping of the scenario: typed getters whose errors carry ``file`` and ``field``.
 
-    def __init__(self, data: Any, file: str | None, where: str, allowed: tuple[str, ...], *, what: str = ""):
+    Defaults resolve in one place, file -> stack -> global: a key the file leaves out is looked up in
+    ``inherited`` (this section's part of the scenario's stack, :func:`fmsim.stacks.stack_defaults`)
+    before a getter falls back to its global default, and a stack's value is checked by the same getter as
+    a file's (its errors name the stack).
+    """
+
+    def __init__(self, data: Any, file: str | None, where: str, allowed: tuple[str, ...], *, what: str = "",
+                 inherited: Mapping[str, Any] | None = None, stack: str = ""):
         if not isinstance(data, Mapping):
             expected = what or f"a mapping with keys {', '.join(allowed)}"
             raise ConfigError(f"got {_what(data)} (expected {expected})", file=file, field=where or None)
         self.data, self.file, self.where, self.allowed = data, file, where, allowed
+        self.inherited, self.stack = (inherited or {}), stack
         for key in data:
             if not isinstance(key, str):
                 raise self.err(str(key), f"key {key!r} is not a name (expected one of {', '.join(allowed)})")
             if key not in allowed:
                 raise self.err(key, f"unknown key {key!r}{suggest(key, allowed)}")
+        for key in self.inherited:
+            if key not in allowed:  # a stack catalog path the reader does not know: a catalog bug
+                raise self.err(key, f"unknown key {key!r}{suggest(key, allowed)}")
+
+    def _value(self, key: str) -> Any:
+        """The file's value of ``key``, else the stack's (mappings merged, the file's on top), else None."""
+        own, inherited = self.data.get(key), self.inherited.get(key)
+        if own is None:
+            return inherited
+        if isinstance(own, Mapping) and isinstance(inherited, Mapping):
+            return {**inherited, **own}
+        return own
 
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
     def err(self, key: str, message: str, cls: type[ConfigError] = ConfigError) -> ConfigError:
+        head = key.split(".")[0].split("[")[0]
+        if head and self.data.get(head) is None and self.inherited.get(head) is not None:
+            message = f"{message} (set by stack {self.stack!r})"
         return cls(message, file=self.file, field=self.path(key) if key else (self.where or None))
 
     def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
+        return self._value(key) is not None
 
     def raw(self, key: str, default: Any = _MISSING, *, hint: str = "") -> Any:
         if not self.has(key):
             if default is _MISSING:
                 raise self.err(key, f"is required{f' ({hint})' if hint else ''}")
             return default
-        return self.data[key]
+        return self._value(key)
 
     def text(self, key: str, default: Any = _MISSING, *, nonempty: bool = False) -> Any:
         if not self.has(key) and default is not _MISSING:
@@ -950,7 +982,10 @@ class _Section:
             if required:
                 raise self.err(key, f"is required (expected a mapping with keys {', '.join(allowed)})")
             return None
-        return _Section(self.data[key], self.file, self.path(key), allowed, what=what)
+        own = self.data.get(key)
+        inherited = self.inherited.get(key)
+        return _Section({} if own is None else own, self.file, self.path(key), allowed, what=what,
+                        inherited=inherited if isinstance(inherited, Mapping) else None, stack=self.stack)
 
 
 def _relocate(exc: ConfigError, file: str | None, field_path: str) -> ConfigError:
@@ -1835,12 +1870,14 @@ def scenario_from_mapping(
         )
     if overrides:
         data = apply_overrides(data, overrides, file=file)
-    top = _Section(data, file, "", TOP_KEYS)
+    cat = catalog if catalog is not None else load_catalog()
+    stack, inherited = _stack(data, file, cat)
+    top = _Section(data, file, "", TOP_KEYS, inherited=inherited, stack=stack)
     version = _version(top)
     name = top.text("name", nonempty=True)
     description = top.text("description", "")
     seed = top.integer("seed", 0, minimum=0)
-    cat = catalog if catalog is not None else load_catalog()
+    configuration, missing = _configuration(top)
     workload, wl_sec = _workload(top, cat)
     cluster = _cluster(top, cat)
     accel = cluster.instance.accelerator
@@ -1872,7 +1909,40 @@ def scenario_from_mapping(
         measured_notes=measured_notes,
         expect=_expect(top, workload.kind),
         extra=_extra(top, workload.kind),
+        stack=stack,
+        stated=tuple(p for p in SETTABLE if lookup(data, p) is not None or lookup(inherited, p) is not None),
+        configuration=configuration,
+        configuration_missing=missing,
     )
+
+
+def _stack(data: Mapping[str, Any], file: str, cat: Catalog) -> tuple[str, dict[str, Any]]:
+    """The file's ``stack:`` name and the nested defaults it supplies (empty without one)."""
+    name = data.get("stack")
+    if name is None:
+        return "", {}
+    if not isinstance(name, str):
+        raise ConfigError(f"got {_what(name)} (expected a stack_catalog name)", file=file, field="stack")
+    try:
+        profile = cat.stack(name)
+    except ConfigError as exc:
+        raise _relocate(exc, file, "stack") from None
+    workload = data.get("workload")
+    workload = workload if isinstance(workload, Mapping) else {}
+    check_kind(profile, workload.get("kind"), file=file)
+    return name, stack_defaults(profile, workload.get("precision", "bf16"))
+
+
+def _configuration(top: _Section) -> tuple[str, str]:
+    """``configuration: stated`` or ``configuration: {partial: what the source leaves out}``."""
+    if not top.has("configuration"):
+        return "", ""
+    raw = top.raw("configuration")
+    if raw == "stated":
+        return "stated", ""
+    sec = _Section(raw, top.file, "configuration", ("partial",),
+                   what="stated, or a mapping {partial: what the source leaves out}")
+    return "partial", sec.text("partial", nonempty=True)
 
 
 def load_scenario(
@@ -2015,6 +2085,12 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
     out: dict[str, Any] = {"version": sc.version, "name": sc.name}
     if sc.description:
         out["description"] = sc.description
+    if sc.stack:
+        out["stack"] = sc.stack
+    if sc.configuration:
+        out["configuration"] = (
+            "stated" if sc.configuration == "stated" else {"partial": sc.configuration_missing}
+        )
     out["seed"] = sc.seed
     out["workload"] = workload
     out["parallelism"] = parallelism

@@ -359,3 +359,53 @@ def summarize(rows: Sequence[ValidationRow]) -> ValidationSummary:
         worst=worst,
         not_fitting=tuple(dict.fromkeys(r.scenario for r in scored if r.fits is False)),
     )
+
+
+def by_configuration(scenarios: Sequence[Scenario],
+                     rows: Sequence[ValidationRow]) -> dict[str, ValidationSummary]:
+    """:func:`summarize` per ``configuration:`` mark (stated, partial; unmarked files as ``-``)."""
+    marks = {(sc.file, sc.name): sc.configuration or "-" for sc in scenarios}
+    groups: dict[str, list[ValidationRow]] = {}
+    for r in rows:
+        groups.setdefault(marks.get((r.file, r.scenario), "-"), []).append(r)
+    return {mark: summarize(group) for mark, group in sorted(groups.items())}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandRow:
+    """A measured key against its prediction's band (fmsim.band): inside or not, and the band's width."""
+
+    scenario: str
+    configuration: str
+    key: str
+    low: float
+    high: float
+    measured: float
+    inside: bool
+    half_width_pct: float       # (high - low) / 2 over the prediction, in %
+
+
+def band_rows(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> list[BandRow]:
+    """Each compared row's band: the estimate's band of its metric, relative to the estimate's point,
+    applied to the row's prediction (``fmsim validate --band``; a few dozen estimates per scenario)."""
+    from .band import band
+
+    by_name = {(sc.file, sc.name): sc for sc in scenarios}
+    out: list[BandRow] = []
+    cache: dict[tuple[str | None, str], Any] = {}
+    for r in rows:
+        sc = by_name.get((r.file, r.scenario))
+        if sc is None or r.predicted is None or r.measured is None or r.error_pct is None:
+            continue
+        key = (r.file, r.scenario)
+        if key not in cache:
+            cache[key] = band(sc)
+        b = cache[key]
+        p = b.point.get(r.key)
+        if not p:
+            continue
+        low, high = r.predicted * b.low[r.key] / p, r.predicted * b.high[r.key] / p
+        out.append(BandRow(scenario=r.scenario, configuration=sc.configuration or "-", key=r.key, low=low,
+                           high=high, measured=r.measured, inside=low <= r.measured <= high,
+                           half_width_pct=100 * (high - low) / 2 / abs(r.predicted)))
+    return out
