@@ -39,6 +39,8 @@ INFERENCE_COLUMNS = (
     # the whole run's rates, drain included (what a benchmark of a fixed request count reports; the
     # columns above are the steady state's); empty from the analytical estimate
     "run_output_tokens_per_s", "run_requests_per_s",
+    # the band (fmsim.band, `fmsim run --band`), empty without one
+    "output_tokens_per_s_low", "output_tokens_per_s_high",
 )
 
 #: kind: rl (docs/rl.md "Results"): the step, its phases and pools, NeMo RL's tokens/s/GPU, cost per step
@@ -53,8 +55,6 @@ RL_COLUMNS = (
     "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s", "transition_s",
     "generated_tokens_per_s", "trained_tokens_per_step", "generation_utilization", "training_utilization",
     "usd_per_million_trained_tokens", "rl_steps",
-    # the band (fmsim.band, `fmsim run --band`), empty without one
-    "output_tokens_per_s_low", "output_tokens_per_s_high",
 )
 
 COLUMNS_BY_KIND = {
