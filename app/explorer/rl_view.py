@@ -11,7 +11,6 @@ from typing import Any
 import altair as alt
 import pandas as pd
 import streamlit as st
-import yaml
 
 from . import logic, widgets
 
@@ -45,14 +44,6 @@ def run(text: str, file: str, overrides: tuple[tuple[str, Any], ...], engine: st
     return logic.run_rl(text, file, overrides, engine=engine)
 
 
-def _flow(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (Mapping, list)):
-        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
-    return str(v)
-
-
 def _placement(raw: Any) -> tuple[str, int]:
     """(placement kind, generation nodes) of the raw ``rl.placement``."""
     if isinstance(raw, Mapping) and "disaggregated" in raw:
@@ -75,7 +66,7 @@ def knob_defaults(sc: Any, cat: Any) -> dict[str, Any]:
         "generation_tp": int(gen.get("tp") or 1),
         "prompts": int(rl.get("prompts") or 64),
         "samples_per_prompt": int(rl.get("samples_per_prompt") or 8),
-        "response_len": _flow(resp),
+        "response_len": widgets.flow(resp),
         "sigma": sigma,
         "max_response_len": int(rl.get("max_response_len") or 0),
         "off_policy": int(rl.get("off_policy") or 0),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
+import yaml
 
 import fmsim
 
@@ -321,6 +322,15 @@ def model_and_price(prefix: str, defaults: Mapping[str, Any], cat: Any) -> None:
         "Precision", with_options(list(logic.PRECISIONS), defaults["precision"]), key=f"{prefix}.precision"
     )
     c2.selectbox("Pricing", pricing_options(defaults), key=f"{prefix}.pricing")
+
+
+def flow(v: Any) -> str:
+    """A raw scenario value as the text a knob shows (YAML flow for mappings and lists)."""
+    if v is None:
+        return ""
+    if isinstance(v, (Mapping, list)):
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
+    return str(v)
 
 
 def with_options(options: list[Any], value: Any) -> list[Any]:
