@@ -320,14 +320,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
-    st.caption(
-        "Numbers from the "
-        + (
-            "discrete-event simulation (`fmsim run`)."
-            if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`)."
-        )
-    )
+    widgets.engine_caption(out.engine)
     st.subheader("Phases per GPU pool")
     if out.timeline:
         st.altair_chart(timeline_chart(out.timeline), width="stretch")
@@ -348,6 +341,4 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
             hide_index=True,
             width="stretch",
         )
-    widgets.downloads(P, out, name)
-    with st.expander("The what-if as a scenario file"):
-        st.code(out.yaml_text, language="yaml")
+    widgets.scenario_footer(P, out, name)

@@ -377,6 +377,23 @@ def downloads(prefix: str, outcome: logic.Outcome, name: str) -> None:
     )
 
 
+def scenario_footer(prefix: str, outcome: logic.Outcome, name: str) -> None:
+    """A page's last lines: the downloads, then the what-if as a scenario file."""
+    downloads(prefix, outcome, name)
+    with st.expander("The what-if as a scenario file"):
+        st.code(outcome.yaml_text, language="yaml")
+
+
+def engine_caption(engine: str, extra: str = "", after: str = "") -> None:
+    """``Numbers from the <engine><extra>.<after>``: which engine gave the numbers on the page."""
+    line = (
+        "discrete-event simulation (`fmsim run`)"
+        if engine == "des"
+        else "analytical estimate (`fmsim run --estimate`)"
+    )
+    st.caption(f"Numbers from the {line}{extra}.{after}")
+
+
 def keep_for_compare(name: str, yaml_text: str) -> None:
     saved: dict[str, tuple[str, str]] = dict(st.session_state.get(SAVED_KEY, {}))
     label = f"what-if: {name}"

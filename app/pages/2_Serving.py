@@ -381,13 +381,8 @@ def render(
         )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")
-    st.caption(
-        "Numbers from the "
-        + (
-            "discrete-event simulation (`fmsim run`)."
-            if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`). " + (ANALYTICAL_PERCENTILES if flat else "")
-        )
+    widgets.engine_caption(
+        out.engine, after="" if out.engine == "des" else " " + (ANALYTICAL_PERCENTILES if flat else "")
     )
 
     left, right = st.columns(2)
@@ -436,9 +431,7 @@ def render(
             st.subheader("One decode step")
             st.altair_chart(charts.breakdown_bar(step, "seconds per decode step"), width="stretch")
             st.caption("At the mean simulated batch and context.")
-    widgets.downloads(P, out, name)
-    with st.expander("The what-if as a scenario file"):
-        st.code(out.yaml_text, language="yaml")
+    widgets.scenario_footer(P, out, name)
 
 
 main()
