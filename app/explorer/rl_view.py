@@ -9,10 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import altair as alt
-import pandas as pd
 import streamlit as st
 
-from . import logic, widgets
+from . import charts, logic, widgets
 
 P = "rl"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
@@ -206,53 +205,6 @@ def phase_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def timeline_chart(rows: tuple) -> alt.Chart:
-    """Phases per pool over the simulated steps (the same Gantt style as the training page)."""
-    data = pd.DataFrame(
-        [(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in rows],
-        columns=["lane", "start_s", "end_s", "phase", "label"],
-    )
-    return (
-        alt.Chart(data)
-        .mark_bar(height={"band": 0.8})
-        .encode(
-            x=alt.X("start_s:Q", title="seconds"),
-            x2="end_s:Q",
-            y=alt.Y("lane:N", title=None, sort=list(dict.fromkeys(r[0] for r in rows))),
-            color=alt.Color(
-                "phase:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=6)
-            ),
-            tooltip=[
-                "lane:N",
-                "label:N",
-                alt.Tooltip("start_s:Q", format=".4~g"),
-                alt.Tooltip("end_s:Q", format=".4~g"),
-            ],
-        )
-        .properties(height=alt.Step(28))
-    )
-
-
-def phase_bar(rows: list[dict[str, Any]]) -> alt.Chart:
-    """Stacked bars of one step's phases, one bar per run (base, what-if), coloured as the timeline."""
-    order = list(PHASE_COLOURS)
-    data = pd.DataFrame([{**r, "order": order.index(r["part"])} for r in rows])
-    return (
-        alt.Chart(data)
-        .mark_bar()
-        .encode(
-            x=alt.X("seconds:Q", title="seconds per RL step", stack="zero"),
-            y=alt.Y("run:N", title=None, sort=None),
-            color=alt.Color(
-                "part:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=3)
-            ),
-            order=alt.Order("order:Q"),
-            tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
-        )
-        .properties(height=alt.Step(30))
-    )
-
-
 def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     r, m = out.result, out.result.metrics
     b = base.result if base is not None else None
@@ -323,7 +275,9 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     widgets.engine_caption(out.engine)
     st.subheader("Phases per GPU pool")
     if out.timeline:
-        st.altair_chart(timeline_chart(out.timeline), width="stretch")
+        rows = [(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in out.timeline]
+        chart = charts.timeline(rows, x_title="seconds", scale=PHASE_SCALE, legend_columns=6, lane_px=28)
+        st.altair_chart(chart, width="stretch")
         st.caption(
             "Every phase of the simulated steps on its pool; with off-policy depth k, generation of "
             "step n+k runs beside training of step n."
@@ -332,7 +286,9 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     with left:
         st.subheader("One step's phases")
         runs = ([("base", b)] if b is not None else []) + [(name, r)]
-        st.altair_chart(phase_bar(phase_rows(runs)), width="stretch")
+        phases = phase_rows(runs)
+        chart = charts.breakdown_bar(phases, "seconds per RL step", scale=PHASE_SCALE, legend_columns=3)
+        st.altair_chart(chart, width="stretch")
     with right:
         st.subheader("Memory per GPU")
         mem = r.memory
