@@ -3,44 +3,26 @@ the figures it shows are the API's for the same what-if, and its knobs move them
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest
 
 import fmsim
-
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "app"
-LLAMA = ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml"
-if str(APP) not in sys.path:
-    sys.path.insert(0, str(APP))
+from app_helpers import EXAMPLES, open_page, shown
 
 from explorer import logic, storage_panel  # noqa: E402
 
-TIMEOUT_S = 90  # generous per-run bound on a loaded 2-core machine; not a timing assertion
+LLAMA = EXAMPLES / "llama3-70b-p5.yaml"
 
 
-def training_page() -> AppTest:
-    at = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
-    at.run()
-    at.switch_page("pages/1_Training.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
+def training_page():
+    return open_page("1_Training.py")
 
 
 def expected(tier: str, capacity_tib: float, every_min: float, async_: bool):
     sc = fmsim.load_scenario(LLAMA)
     over = storage_panel.overrides(sc, tier, capacity_tib, every_min, async_)
     return fmsim.estimate(fmsim.load_scenario(LLAMA, overrides=over))
-
-
-def shown(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
 
 
 def test_the_panel_shows_the_apis_storage_and_goodput_figures_and_its_knobs_move_them():

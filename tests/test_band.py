@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import yaml
@@ -11,22 +10,14 @@ from fmsim.band import band, band_columns, candidates
 from fmsim.catalog import load_catalog
 from fmsim.cli import main
 from fmsim.scenario import load_scenario, scenario_from_mapping
+from scenario_helpers import small_pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = {
-    "version": 1,
-    "name": "t",
-    "workload": {"kind": "pretrain", "model": "llama3-8b", "precision": "fp8", "seq_len": 8192,
-                 "global_batch": 128},
-    "parallelism": {"tp": 2},
-    "cluster": {"instance": "dgx-h100", "nodes": 2},
-}
+INSTANCE = "dgx-h100"
 
 
 def _sc(**top):
-    data = json.loads(json.dumps(BASE))
-    data.update(top)
-    return scenario_from_mapping(data)
+    return scenario_from_mapping(small_pretrain(INSTANCE, **top))
 
 
 def _width(b):
@@ -54,7 +45,7 @@ def test_a_stack_narrows_the_band_and_stated_settings_are_not_varied():
 
 def test_stating_every_varied_setting_leaves_the_point():
     sc = _sc(stack="megatron-bridge-25.11")
-    data = json.loads(json.dumps(BASE))
+    data = small_pretrain(INSTANCE)
     data["stack"] = "megatron-bridge-25.11"
     for path in candidates(sc, load_catalog()):
         node = data
@@ -93,8 +84,10 @@ def test_band_columns_scale_with_the_row_s_own_point():
 
 def test_run_band_prints_the_band_and_writes_its_columns(tmp_path, capsys):
     path = tmp_path / "t.yaml"
-    # a plan that fits (BASE needs 89 GiB of 80 without ZeRO, and `run` exits 3 for a plan that does not)
-    path.write_text(yaml.safe_dump({**BASE, "parallelism": {"tp": 2, "zero": 1}}))
+    # a plan that fits (the small what-if needs 89 GiB of 80 without ZeRO; `run` exits 3 for one that does not)
+    fits = small_pretrain(INSTANCE)
+    fits["parallelism"]["zero"] = 1
+    path.write_text(yaml.safe_dump(fits))
     out = tmp_path / "r.csv"
     assert main(["run", "--estimate", "--band", str(path), "--csv", str(out)]) == 0
     text = capsys.readouterr().out

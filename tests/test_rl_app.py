@@ -4,36 +4,20 @@ the what-if against the base, and a plan that cannot run is one st.error with wh
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("streamlit")
-from streamlit.testing.v1 import AppTest
 
 import fmsim
+from app_helpers import EXAMPLES, open_page, shown
 
-ROOT = Path(__file__).resolve().parents[1]
-APP = ROOT / "app"
-EXAMPLE = ROOT / "scenarios" / "examples" / "rl-grpo-qwen3-32b-p5en.yaml"
-if str(APP) not in sys.path:
-    sys.path.insert(0, str(APP))
+from explorer import logic  # noqa: E402
 
-from explorer import logic
-
-TIMEOUT_S = 90  # generous per-run bound on a loaded 2-core machine; not a timing assertion
+EXAMPLE = EXAMPLES / "rl-grpo-qwen3-32b-p5en.yaml"
 
 
-def open_rl() -> AppTest:
-    at = AppTest.from_file(str(APP / "pages" / "5_RL.py"), default_timeout=TIMEOUT_S)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def shown(at: AppTest) -> dict[str, str]:
-    return {m.label: m.value for m in at.metric}
+def open_rl():
+    return open_page("5_RL.py", via_home=False)
 
 
 def test_the_rl_page_shows_the_apis_step_for_the_bundled_example():

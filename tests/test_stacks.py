@@ -12,25 +12,15 @@ from fmsim.cli import main
 from fmsim.errors import ConfigError
 from fmsim.scenario import load_scenario, scenario_from_mapping, scenario_to_mapping
 from fmsim.stacks import SETTABLE, lookup
+from scenario_helpers import small_pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING = ROOT / "scenarios" / "validation" / "training"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "validation_training_settings.json"
 
-BASE = {
-    "version": 1,
-    "name": "t",
-    "workload": {"kind": "pretrain", "model": "llama3-8b", "precision": "fp8", "seq_len": 8192,
-                 "global_batch": 128},
-    "parallelism": {"tp": 2},
-    "cluster": {"instance": "p5.48xlarge", "nodes": 2},
-}
-
 
 def _with(**top):
-    data = json.loads(json.dumps(BASE))
-    data.update(top)
-    return data
+    return small_pretrain("p5.48xlarge", **top)
 
 
 def test_every_stack_value_names_its_source():

@@ -51,9 +51,9 @@ PART_COLOURS = {
 }
 
 
-def _legend() -> alt.Legend:
-    """Below the chart, four entries a row, labels never cut short (altair's default cuts at 160 px)."""
-    return alt.Legend(orient="bottom", title=None, columns=4, labelLimit=0)
+def _legend(columns: int = 4) -> alt.Legend:
+    """Below the chart, ``columns`` entries a row, labels never cut short (altair cuts at 160 px)."""
+    return alt.Legend(orient="bottom", title=None, columns=columns, labelLimit=0)
 
 
 def _scale(parts: Sequence[str]) -> alt.Scale:
@@ -63,9 +63,16 @@ def _scale(parts: Sequence[str]) -> alt.Scale:
     return alt.Scale(domain=domain, range=rng)
 
 
-def breakdown_bar(rows: list[dict[str, Any]], x_title: str = "seconds per step") -> alt.Chart:
-    """Stacked horizontal bars: seconds of each part, one bar per run (base, what-if)."""
-    parts = list(dict.fromkeys(r["part"] for r in rows))
+def breakdown_bar(
+    rows: list[dict[str, Any]],
+    x_title: str = "seconds per step",
+    *,
+    scale: alt.Scale | None = None,
+    legend_columns: int = 4,
+) -> alt.Chart:
+    """Stacked horizontal bars: seconds of each part, one bar per run (base, what-if). A fixed
+    ``scale`` (domain and colours) also fixes the stacking order; otherwise parts stack as they come."""
+    parts = list(scale.domain) if scale is not None else list(dict.fromkeys(r["part"] for r in rows))
     runs = list(dict.fromkeys(r["run"] for r in rows))  # base first, then the what-if, always
     data = [{**r, "order": parts.index(r["part"])} for r in rows]
     return (
@@ -75,7 +82,9 @@ def breakdown_bar(rows: list[dict[str, Any]], x_title: str = "seconds per step")
             x=alt.X("seconds:Q", title=x_title, stack="zero"),
             y=alt.Y("run:N", title=None, sort=runs, axis=alt.Axis(labelLimit=0)),
             color=alt.Color(
-                "part:N", scale=_scale(parts), legend=_legend()
+                "part:N",
+                scale=scale if scale is not None else _scale(parts),
+                legend=_legend(legend_columns),
             ),
             order=alt.Order("order:Q"),
             tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
@@ -113,8 +122,17 @@ def memory_bar(rows: list[dict[str, Any]], hbm_bytes: float | None) -> alt.Layer
     return alt.layer(bars, line).properties(height=320)
 
 
-def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
-    """The pipeline Gantt: one lane per stage's compute and communication streams."""
+def timeline(
+    rows: Sequence[tuple[str, float, float, str, str]],
+    *,
+    x_title: str = "seconds into the step",
+    scale: alt.Scale | None = None,
+    legend_columns: int = 4,
+    lane_px: int = 20,
+) -> alt.Chart:
+    """A Gantt of ``(lane, start_s, end_s, category, label)`` spans: on the training page one lane per
+    stage's compute and communication streams, on the RL page one per GPU pool (``scale`` fixes the
+    categories' colours)."""
     data = pd.DataFrame(list(rows), columns=["lane", "start_s", "end_s", "category", "label"])
     lanes = list(dict.fromkeys(r[0] for r in rows))
     cats = [r[3] for r in rows]
@@ -122,11 +140,13 @@ def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
         alt.Chart(data)
         .mark_bar(height={"band": 0.8})
         .encode(
-            x=alt.X("start_s:Q", title="seconds into the step"),
+            x=alt.X("start_s:Q", title=x_title),
             x2="end_s:Q",
             y=alt.Y("lane:N", title=None, sort=lanes),
             color=alt.Color(
-                "category:N", scale=_scale(cats), legend=_legend()
+                "category:N",
+                scale=scale if scale is not None else _scale(cats),
+                legend=_legend(legend_columns),
             ),
             tooltip=[
                 "lane:N",
@@ -135,7 +155,7 @@ def timeline(rows: Sequence[tuple[str, float, float, str, str]]) -> alt.Chart:
                 alt.Tooltip("end_s:Q", format=".4~g"),
             ],
         )
-        .properties(height=alt.Step(20))
+        .properties(height=alt.Step(lane_px))
     )
 
 

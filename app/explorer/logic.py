@@ -497,6 +497,23 @@ def _wrong_kind(file: str, kind: str, what: str, other_page: str, yaml_text: str
     )
 
 
+def _opened(
+    text: str,
+    file: str,
+    overrides: Sequence[tuple[str, Any]],
+    kinds: tuple[str, ...],
+    what: str,
+    other_page: str,
+) -> tuple[Any, str, Outcome | None]:
+    """The what-if scenario, its YAML and, when its kind is not one of ``kinds``, the outcome to show
+    instead (:func:`_wrong_kind`): the first steps of every ``run_*``. Raises what the reader raises."""
+    sc = whatif_scenario(text, file, _unfreeze(overrides))
+    yaml_text = scenario_yaml(sc)
+    if sc.workload.kind not in kinds:
+        return sc, yaml_text, _wrong_kind(file, sc.workload.kind, what, other_page, yaml_text)
+    return sc, yaml_text, None
+
+
 def batch_offers(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, int]]:
     """Global batches that make a changed node count work, when the what-if's global batch is no
     longer a multiple of dp x micro batch: ``[(label, global_batch)]`` keeping the base's tokens
@@ -552,10 +569,9 @@ def run_training(
     and the step has at most ``des_job_limit`` jobs (``None``: no limit). Never raises."""
     yaml_text = ""
     try:
-        sc = whatif_scenario(text, file, _unfreeze(overrides))
-        yaml_text = scenario_yaml(sc)
-        if sc.workload.kind not in TRAINING_KINDS:
-            return _wrong_kind(file, sc.workload.kind, "training", "Serving", yaml_text)
+        sc, yaml_text, wrong = _opened(text, file, overrides, TRAINING_KINDS, "training", "Serving")
+        if wrong is not None:
+            return wrong
         est = fmsim.estimate(sc)
         changed = bool(overrides)
         if engine != "des":
@@ -606,10 +622,9 @@ def run_serving(
     """Run a serving what-if with the DES (``fmsim.simulate``) or the estimate. Never raises."""
     yaml_text = ""
     try:
-        sc = whatif_scenario(text, file, _unfreeze(overrides))
-        yaml_text = scenario_yaml(sc)
-        if sc.workload.kind not in SERVING_KINDS:
-            return _wrong_kind(file, sc.workload.kind, "serving", "Training", yaml_text)
+        sc, yaml_text, wrong = _opened(text, file, overrides, SERVING_KINDS, "serving", "Training")
+        if wrong is not None:
+            return wrong
         changed = bool(overrides)
         offered = offered_rate(sc)
         if engine == "des":
@@ -872,10 +887,9 @@ def run_rl(
     phases per GPU pool (``Result.details["timeline"]``). Never raises."""
     yaml_text = ""
     try:
-        sc = whatif_scenario(text, file, _unfreeze(overrides))
-        yaml_text = scenario_yaml(sc)
-        if sc.workload.kind not in RL_KINDS:
-            return _wrong_kind(file, sc.workload.kind, "RL", "Training or Serving", yaml_text)
+        sc, yaml_text, wrong = _opened(text, file, overrides, RL_KINDS, "RL", "Training or Serving")
+        if wrong is not None:
+            return wrong
         res = fmsim.simulate(sc) if engine == "des" else fmsim.estimate(sc)
         rows = tuple(
             (str(p), float(a), float(b), str(c), str(lab)) for p, a, b, c, lab in res.details.get("timeline", ())

@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import altair as alt
-import pandas as pd
 import streamlit as st
-import yaml
 
-from . import logic, widgets
+from . import charts, logic, widgets
 
 P = "rl"
 ENGINES = {"discrete-event simulation": "des", "analytical estimate": "analytical"}
@@ -45,14 +43,6 @@ def run(text: str, file: str, overrides: tuple[tuple[str, Any], ...], engine: st
     return logic.run_rl(text, file, overrides, engine=engine)
 
 
-def _flow(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (Mapping, list)):
-        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
-    return str(v)
-
-
 def _placement(raw: Any) -> tuple[str, int]:
     """(placement kind, generation nodes) of the raw ``rl.placement``."""
     if isinstance(raw, Mapping) and "disaggregated" in raw:
@@ -75,7 +65,7 @@ def knob_defaults(sc: Any, cat: Any) -> dict[str, Any]:
         "generation_tp": int(gen.get("tp") or 1),
         "prompts": int(rl.get("prompts") or 64),
         "samples_per_prompt": int(rl.get("samples_per_prompt") or 8),
-        "response_len": _flow(resp),
+        "response_len": widgets.flow(resp),
         "sigma": sigma,
         "max_response_len": int(rl.get("max_response_len") or 0),
         "off_policy": int(rl.get("off_policy") or 0),
@@ -215,53 +205,6 @@ def phase_rows(results: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def timeline_chart(rows: tuple) -> alt.Chart:
-    """Phases per pool over the simulated steps (the same Gantt style as the training page)."""
-    data = pd.DataFrame(
-        [(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in rows],
-        columns=["lane", "start_s", "end_s", "phase", "label"],
-    )
-    return (
-        alt.Chart(data)
-        .mark_bar(height={"band": 0.8})
-        .encode(
-            x=alt.X("start_s:Q", title="seconds"),
-            x2="end_s:Q",
-            y=alt.Y("lane:N", title=None, sort=list(dict.fromkeys(r[0] for r in rows))),
-            color=alt.Color(
-                "phase:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=6)
-            ),
-            tooltip=[
-                "lane:N",
-                "label:N",
-                alt.Tooltip("start_s:Q", format=".4~g"),
-                alt.Tooltip("end_s:Q", format=".4~g"),
-            ],
-        )
-        .properties(height=alt.Step(28))
-    )
-
-
-def phase_bar(rows: list[dict[str, Any]]) -> alt.Chart:
-    """Stacked bars of one step's phases, one bar per run (base, what-if), coloured as the timeline."""
-    order = list(PHASE_COLOURS)
-    data = pd.DataFrame([{**r, "order": order.index(r["part"])} for r in rows])
-    return (
-        alt.Chart(data)
-        .mark_bar()
-        .encode(
-            x=alt.X("seconds:Q", title="seconds per RL step", stack="zero"),
-            y=alt.Y("run:N", title=None, sort=None),
-            color=alt.Color(
-                "part:N", scale=PHASE_SCALE, legend=alt.Legend(orient="bottom", title=None, columns=3)
-            ),
-            order=alt.Order("order:Q"),
-            tooltip=["run:N", "part:N", alt.Tooltip("seconds:Q", format=".4~g")],
-        )
-        .properties(height=alt.Step(30))
-    )
-
-
 def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     r, m = out.result, out.result.metrics
     b = base.result if base is not None else None
@@ -329,17 +272,12 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
-    st.caption(
-        "Numbers from the "
-        + (
-            "discrete-event simulation (`fmsim run`)."
-            if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`)."
-        )
-    )
+    widgets.engine_caption(out.engine)
     st.subheader("Phases per GPU pool")
     if out.timeline:
-        st.altair_chart(timeline_chart(out.timeline), width="stretch")
+        rows = [(lane, a, b, PHASE_LABELS.get(c, c), lab) for lane, a, b, c, lab in out.timeline]
+        chart = charts.timeline(rows, x_title="seconds", scale=PHASE_SCALE, legend_columns=6, lane_px=28)
+        st.altair_chart(chart, width="stretch")
         st.caption(
             "Every phase of the simulated steps on its pool; with off-policy depth k, generation of "
             "step n+k runs beside training of step n."
@@ -348,7 +286,9 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     with left:
         st.subheader("One step's phases")
         runs = ([("base", b)] if b is not None else []) + [(name, r)]
-        st.altair_chart(phase_bar(phase_rows(runs)), width="stretch")
+        phases = phase_rows(runs)
+        chart = charts.breakdown_bar(phases, "seconds per RL step", scale=PHASE_SCALE, legend_columns=3)
+        st.altair_chart(chart, width="stretch")
     with right:
         st.subheader("Memory per GPU")
         mem = r.memory
@@ -357,6 +297,4 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
             hide_index=True,
             width="stretch",
         )
-    widgets.downloads(P, out, name)
-    with st.expander("The what-if as a scenario file"):
-        st.code(out.yaml_text, language="yaml")
+    widgets.scenario_footer(P, out, name)

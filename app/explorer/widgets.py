@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
+import yaml
 
 import fmsim
 
@@ -323,6 +324,15 @@ def model_and_price(prefix: str, defaults: Mapping[str, Any], cat: Any) -> None:
     c2.selectbox("Pricing", pricing_options(defaults), key=f"{prefix}.pricing")
 
 
+def flow(v: Any) -> str:
+    """A raw scenario value as the text a knob shows (YAML flow for mappings and lists)."""
+    if v is None:
+        return ""
+    if isinstance(v, (Mapping, list)):
+        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
+    return str(v)
+
+
 def with_options(options: list[Any], value: Any) -> list[Any]:
     """``options`` with ``value`` added (sorted in) when the base scenario uses another one."""
     if value in options:
@@ -365,6 +375,23 @@ def downloads(prefix: str, outcome: logic.Outcome, name: str) -> None:
         args=(name, outcome.yaml_text),
         width="stretch",
     )
+
+
+def scenario_footer(prefix: str, outcome: logic.Outcome, name: str) -> None:
+    """A page's last lines: the downloads, then the what-if as a scenario file."""
+    downloads(prefix, outcome, name)
+    with st.expander("The what-if as a scenario file"):
+        st.code(outcome.yaml_text, language="yaml")
+
+
+def engine_caption(engine: str, extra: str = "", after: str = "") -> None:
+    """``Numbers from the <engine><extra>.<after>``: which engine gave the numbers on the page."""
+    line = (
+        "discrete-event simulation (`fmsim run`)"
+        if engine == "des"
+        else "analytical estimate (`fmsim run --estimate`)"
+    )
+    st.caption(f"Numbers from the {line}{extra}.{after}")
 
 
 def keep_for_compare(name: str, yaml_text: str) -> None:

@@ -377,11 +377,6 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"**Bottleneck ({logic.md_escape(m.get('bottleneck', '-'))}):** {logic.md_escape(sentence)}",
         icon=":material/search:",
     )
-    engine_line = (
-        "discrete-event simulation (`fmsim run`)"
-        if out.engine == "des"
-        else "analytical estimate (`fmsim run --estimate`)"
-    )
     est = out.estimate.metrics["step_time_s"] if out.estimate is not None else None
     extra = (
         f"; analytical estimate {logic.fmt_time(est)} "
@@ -389,7 +384,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         if out.engine == "des" and est
         else ""
     )
-    st.caption(f"Numbers from the {engine_line}{extra}.")
+    widgets.engine_caption(out.engine, extra)
 
     left, right = st.columns(2)
     with left:
@@ -404,9 +399,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         st.altair_chart(charts.timeline(out.timeline), width="stretch")
     if out.timeline_note:
         st.caption(out.timeline_note)
-    widgets.downloads(P, out, name)
-    with st.expander("The what-if as a scenario file"):
-        st.code(out.yaml_text, language="yaml")
+    widgets.scenario_footer(P, out, name)
 
 
 main()

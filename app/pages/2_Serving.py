@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import streamlit as st
-import yaml
 from explorer import cache, charts, logic, widgets
 
 P = "serve"
@@ -48,15 +47,6 @@ SIMPLE = {  # knob -> dotted scenario path (the sections' own keys; see docs of 
 widgets.page_setup("Serving", ":material/chat:")
 
 
-def _flow(v: Any) -> str:
-    """A raw scenario value as the text a knob shows (YAML flow for mappings)."""
-    if v is None:
-        return ""
-    if isinstance(v, (Mapping, list)):
-        return yaml.safe_dump(v, default_flow_style=True, sort_keys=False).strip()
-    return str(v)
-
-
 def _flat_slo(raw: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in (raw or {}).items():
@@ -87,13 +77,13 @@ def knob_defaults(sc, cat) -> dict:
         "ep": sc.parallelism.ep,
         "replicas": int(reps) if isinstance(reps, int) else 0,
         "arrival": str(tr.get("arrival") or ("closed-loop" if tr.get("concurrency") else "poisson")),
-        "rate": _flow(tr.get("rate")),
+        "rate": widgets.flow(tr.get("rate")),
         "concurrency": int(tr.get("concurrency") or 0),
         "requests": int(tr["requests"]) if isinstance(tr.get("requests"), int) else 0,
-        "prompt_len": _flow(tr.get("prompt_len", 1000)),
-        "output_len": _flow(tr.get("output_len", 1000)),
-        "ttft_p99": _flow(slo.get("ttft_p99")),
-        "tpot_p50": _flow(slo.get("tpot_p50")),
+        "prompt_len": widgets.flow(tr.get("prompt_len", 1000)),
+        "output_len": widgets.flow(tr.get("output_len", 1000)),
+        "ttft_p99": widgets.flow(slo.get("ttft_p99")),
+        "tpot_p50": widgets.flow(slo.get("tpot_p50")),
         "samples": int(ttc.get("samples") or 1),
         "strategy": str(
             ttc.get("strategy")
@@ -391,13 +381,8 @@ def render(
         )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")
-    st.caption(
-        "Numbers from the "
-        + (
-            "discrete-event simulation (`fmsim run`)."
-            if out.engine == "des"
-            else "analytical estimate (`fmsim run --estimate`). " + (ANALYTICAL_PERCENTILES if flat else "")
-        )
+    widgets.engine_caption(
+        out.engine, after="" if out.engine == "des" else " " + (ANALYTICAL_PERCENTILES if flat else "")
     )
 
     left, right = st.columns(2)
@@ -446,9 +431,7 @@ def render(
             st.subheader("One decode step")
             st.altair_chart(charts.breakdown_bar(step, "seconds per decode step"), width="stretch")
             st.caption("At the mean simulated batch and context.")
-    widgets.downloads(P, out, name)
-    with st.expander("The what-if as a scenario file"):
-        st.code(out.yaml_text, language="yaml")
+    widgets.scenario_footer(P, out, name)
 
 
 main()

@@ -12,7 +12,6 @@ Entry point for ``fmsim.simulate``: :func:`simulate_inference`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import simpy
 
 from ..cost import price_of
 from ..engine.serving_des import EngineConfig, Job, ReplicaEngine, Router, itl_samples, weighted_percentile
+from ..engine.trace import write_chrome_trace
 from ..errors import ConfigError, InfeasibleError
 from ..model.serving_cost import (
     EngineProfile,
@@ -816,8 +816,7 @@ def _write_trace(sim: _Simulation, path: str) -> None:
                        "args": {"seqs": n, "tokens": tokens, "steps": steps}})
     for name, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
-    with open(path, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    write_chrome_trace(path, events)
 
 
 # ----------------------------------------------------------------------------------------------

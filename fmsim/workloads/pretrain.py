@@ -10,13 +10,12 @@ step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and c
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..engine.des import Job, RunResult, run_jobs
+from ..engine.trace import span_events, write_chrome_trace
 from ..errors import OutOfMemoryError
 from ..model.flops import attention_flops_per_token, lora_flops_per_token, model_flops_per_step
 from ..parallel.schedules import get_schedule
@@ -635,11 +634,7 @@ def write_trace(run: RunResult, path: str, plan: Plan, folded: Mapping[str, Any]
     """Chrome/Perfetto trace (JSON array format): one thread per stream, µs timestamps. A folded step
     shows the shortest of its simulated runs, named so."""
     tids: dict[str, int] = {}
-    events = []
-    for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream)):
-        tid = tids.setdefault(sp.stream, len(tids))
-        events.append({"name": sp.label, "cat": sp.category, "ph": "X", "pid": 0, "tid": tid,
-                       "ts": sp.start_s * 1e6, "dur": (sp.end_s - sp.start_s) * 1e6})
+    events = span_events(run, tids)
     for name, tid in tids.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": name}})
     name = plan.name
@@ -647,7 +642,7 @@ def write_trace(run: RunResult, path: str, plan: Plan, folded: Mapping[str, Any]
         name += (f" (steady state folded: {folded['simulated'][0]} of {folded['microbatches']} micro-batches "
                  "shown)")
     events.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": name}})
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    write_chrome_trace(path, events)
 
 
 __all__ = [

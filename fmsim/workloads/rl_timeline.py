@@ -7,11 +7,10 @@ explorer and as a Chrome/Perfetto trace.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.des import Job, RunResult, run_jobs
+from ..engine.trace import span_events, write_chrome_trace
 
 if TYPE_CHECKING:
     from .rl import RLPlan
@@ -148,20 +147,7 @@ def write_trace(run: RunResult, path: str, name: str, engine_trace: list | None 
     """Chrome/Perfetto trace: one track per GPU pool (phases of every simulated step), and the
     simulated generation engines' iterations on tracks of their own (first step's timing)."""
     tids: dict[str, int] = {}
-    events = []
-    for sp in sorted(run.spans, key=lambda x: (x.start_s, x.stream)):
-        tid = tids.setdefault(sp.stream, len(tids))
-        events.append(
-            {
-                "name": sp.label,
-                "cat": sp.category,
-                "ph": "X",
-                "pid": 0,
-                "tid": tid,
-                "ts": sp.start_s * 1e6,
-                "dur": (sp.end_s - sp.start_s) * 1e6,
-            }
-        )
+    events = span_events(run, tids)
     for ename, kind, start, dt, n, tokens, steps in engine_trace or []:
         tid = tids.setdefault(ename, len(tids))
         events.append(
@@ -185,7 +171,7 @@ def write_trace(run: RunResult, path: str, name: str, engine_trace: list | None 
     events.append(
         {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "generation engines (one step)"}}
     )
-    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    write_chrome_trace(path, events)
 
 
 __all__ = ["step_time_des", "step_time_estimate", "timeline_jobs", "timeline_rows", "write_trace"]
