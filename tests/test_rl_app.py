@@ -57,3 +57,12 @@ def test_a_plan_that_cannot_run_is_one_error_with_what_to_change():
     assert not at.exception
     # the page escapes Markdown so the message renders as written (logic.md_escape)
     assert len(at.error) == 1 and logic.md_escape("rl.samples_per_prompt") in at.error[0].value
+
+
+def test_the_bottleneck_sentence_renders_as_written():
+    """The bottleneck line is Markdown-escaped as on the Training and Serving pages (a sentence with
+    `_` or `*` would otherwise lose characters to italics)."""
+    at = open_rl()
+    sentence = fmsim.simulate(fmsim.load_scenario(EXAMPLE)).details["bottleneck"]
+    infos = [i.value for i in at.info if "Bottleneck" in i.value]
+    assert infos == [f"**Bottleneck:** {logic.md_escape(sentence)}"]

@@ -271,7 +271,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         help="share of the step each pool is busy",
     )
     if r.details.get("bottleneck"):
-        st.info(f"**Bottleneck:** {r.details['bottleneck']}", icon=":material/search:")
+        st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")
     widgets.engine_caption(out.engine)
     st.subheader("Phases per GPU pool")
     if out.timeline:
