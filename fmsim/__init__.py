@@ -1,6 +1,6 @@
 """fmsim: capacity-planning simulator for foundation-model work on AWS.
 
-The facade (DESIGN.md "Python API"): ``load_scenario``, ``simulate``, ``estimate``. Imports are
+The facade (DESIGN.md "Python API"): ``load_scenario``, ``simulate``, ``estimate``, ``search``. Imports are
 lazy so that ``import fmsim`` stays cheap for the CLI.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "estimate",
     "load_catalog",
     "load_scenario",
+    "search",
     "simulate",
 ]
 
@@ -35,7 +36,7 @@ def __getattr__(name: str):
     if name == "load_scenario":
         from .scenario import load_scenario
         return load_scenario
-    if name in ("simulate", "estimate"):
+    if name in ("simulate", "estimate", "search"):
         from . import api
         return getattr(api, name)
     if name == "load_catalog":

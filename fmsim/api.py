@@ -33,3 +33,15 @@ def estimate(sc) -> Result:
         return simulate_inference(sc, estimate=True)
     raise NotBuiltError(f"{sc.file or sc.name}: workload.kind: the {kind!r} simulator is not built yet "
                         "(built: pretrain, finetune, inference)")
+
+
+def search(sc, **options):
+    """Plan search over ``sc``: the cheapest or fastest plan across plans, instance types and pricing.
+
+    Training kinds (pretrain, finetune): :func:`fmsim.search.search_training` -- its keyword arguments
+    (``instances``, ``nodes``, ``pricing``, ``deadline_s``, ``budget_usd``, ``top``, ``jobs``, ``dask``,
+    ``cache_dir``, ``axes``) and its :class:`fmsim.search.SearchResult`. See docs/search.md.
+    """
+    from .search.driver import search_training
+
+    return search_training(sc, **options)
