@@ -275,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, SearchInterrupted):
         if bar is not None:
             bar.close()
-        print("search stopped; the plans it finished are cached: run the same command to continue",
+        print("search stopped; " + ("nothing kept (--no-cache)" if args.no_cache else
+                                    "the plans it finished are cached: run the same command to continue"),
               file=sys.stderr)
         return EXIT_STOPPED
     finally:
