@@ -1761,6 +1761,7 @@ def with_plan(
     micro_batch: int | None = None,
     pricing: Any = None,
     catalog: Catalog | None = None,
+    mapping: Mapping[str, Any] | None = None,
     **parallelism: Any,
 ) -> Scenario:
     """``sc`` with another plan, re-validated by the reader's own checks of what the change touches.
@@ -1782,6 +1783,8 @@ def with_plan(
         ``workload.micro_batch``.
     pricing:
         A pricing option name or ``{"usd_per_hour": N}``.
+    mapping:
+        ``scenario_to_mapping(sc)``, when the caller holds it already (it is not changed).
     **parallelism:
         ``parallelism:`` keys as in the file (``tp=4, pp=2, zero=3, recompute="full"``). A change of
         tp, pp, cp or the cluster makes ``dp`` auto unless ``dp`` is given; a change of ``vpp`` lets
@@ -1799,8 +1802,9 @@ def with_plan(
                           file=sc.file, field="parallelism")
     cat = catalog if catalog is not None else load_catalog()
     file = sc.file
-    mapping = scenario_to_mapping(sc, catalog=cat)
-    wl_map = mapping["workload"]
+    if mapping is None:
+        mapping = scenario_to_mapping(sc, catalog=cat)
+    wl_map = dict(mapping["workload"])
     workload = sc.workload
     if micro_batch is not None:
         wl_map["micro_batch"] = micro_batch
@@ -1813,7 +1817,7 @@ def with_plan(
         _check_precision(workload, wl_sec, cluster)
     else:
         cluster = sc.cluster
-    par_map = mapping["parallelism"]
+    par_map = dict(mapping["parallelism"])
     if "dp" not in parallelism and (cluster is not sc.cluster or any(k in parallelism for k in _SIZE_KEYS)):
         par_map["dp"] = "auto"
     if "vpp" in parallelism:

@@ -27,8 +27,11 @@ class Evaluator:
     def __init__(self, base, catalog=None):
         from ..catalog import load_catalog
 
+        from ..scenario import scenario_to_mapping
+
         self.base = base
         self.catalog = catalog if catalog is not None else load_catalog()
+        self._mapping = scenario_to_mapping(base, catalog=self.catalog)
         self._clusters: dict[tuple[str, int], Any] = {}
 
     def _cluster(self, instance: str, nodes: int):
@@ -51,6 +54,7 @@ class Evaluator:
         if isinstance(cluster, Exception):
             raise cluster
         return with_plan(self.base, cluster=cluster, micro_batch=p["micro_batch"], catalog=self.catalog,
+                         mapping=self._mapping,
                          tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"], ep=p["ep"], zero=p["zero"],
                          recompute=p["recompute"], offload_activations=p["offload_activations"],
                          dp_shard="auto")
