@@ -1,0 +1,98 @@
+"""Speed of the plan search (issue 29 targets), printed with ratios in one run. Not a test.
+
+    python bench/bench_search.py [--plans 100000] [--scenario FILE] [--skip-dask]
+
+Prints, for the example scenario:
+  1. loading + validating a scenario, one analytical estimate, and deriving a variant with
+     fmsim.scenario.with_plan (the search's way) -- ms each, with ratios;
+  2. the search end to end on one process: candidates/s (every enumerated plan, refused ones included)
+     and costed plans/s -- target >= 2,000 plans/s per core;
+  3. the same search on 2 local processes (ratio to 1);
+  4. Dask: 1 local worker against 2 (target >= 1.7x);
+  5. a --plans search (default 100,000 candidates) on 2 processes -- target within 60 s.
+Calculon is not installed here: no side-by-side figure is printed for it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import fmsim  # noqa: E402
+from fmsim.scenario import load_scenario, with_plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANCES = ("p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge")
+
+
+def per_call_ms(fn, n: int) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def timed_search(sc, **kw):
+    t = time.perf_counter()
+    res = fmsim.search(sc, top=0, cache_dir=False, **kw)
+    dt = time.perf_counter() - t
+    costed = res.counts["ok"] + res.counts["memory"]
+    return dt, len(res.records), costed, res
+
+
+def nodes_for(plans_wanted: int, per_cluster: int) -> tuple[int, ...]:
+    """Node counts (multiples of 8) giving about ``plans_wanted`` candidates over the instances."""
+    n = max(1, round(plans_wanted / (per_cluster * len(INSTANCES))))
+    return tuple(8 * (i + 1) for i in range(n))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios/examples/llama3-70b-p5.yaml"))
+    ap.add_argument("--plans", type=int, default=100_000)
+    ap.add_argument("--skip-dask", action="store_true")
+    args = ap.parse_args()
+    sc = load_scenario(args.scenario)
+    print(f"scenario {sc.name}; {os.cpu_count()} CPU cores visible; Calculon: not installed (no comparison)")
+
+    load_ms = per_call_ms(lambda: load_scenario(args.scenario), 50)
+    est_ms = per_call_ms(lambda: fmsim.estimate(sc), 100)
+    var_ms = per_call_ms(lambda: with_plan(sc, tp=4, pp=8, vpp=1), 300)
+    print(f"1. load+validate {load_ms:.2f} ms | estimate {est_ms:.2f} ms | with_plan variant {var_ms:.3f} ms"
+          f"  (load/estimate {load_ms / est_ms:.1f}x, load/with_plan {load_ms / var_ms:.0f}x)")
+
+    base_kw = dict(instances=INSTANCES, nodes=(8, 16, 32, 64))
+    dt1, n, costed, res = timed_search(sc, jobs=1, **base_kw)
+    per_cluster = n // (len(INSTANCES) * 4)
+    print(f"2. 1 process: {n:,} candidates ({costed:,} costed) in {dt1:.2f} s = {n / dt1:,.0f} candidates/s, "
+          f"{costed / dt1:,.0f} costed plans/s  (target 2,000/s per core: {n / dt1 / 2000:.2f}x of it)")
+    dt2, *_ = timed_search(sc, jobs=2, **base_kw)
+    print(f"3. 2 processes: {dt2:.2f} s = {n / dt2:,.0f} candidates/s  (speed-up {dt1 / dt2:.2f}x over 1)")
+
+    if not args.skip_dask:
+        from dask.distributed import Client, LocalCluster
+
+        times = {}
+        for workers in (1, 2):
+            with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                client.run(lambda: __import__("fmsim.search"))      # warm the workers' imports
+                t = time.perf_counter()
+                fmsim.search(sc, top=0, cache_dir=False, dask=client, **base_kw)
+                times[workers] = time.perf_counter() - t
+        print(f"4. Dask: 1 worker {times[1]:.2f} s, 2 workers {times[2]:.2f} s  "
+              f"(speed-up {times[1] / times[2]:.2f}x; target 1.7x)")
+
+    nodes = nodes_for(args.plans, per_cluster)
+    dtb, nb, costedb, _ = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes)
+    print(f"5. {nb:,} candidates ({costedb:,} costed) on 2 processes in {dtb:.1f} s = {nb / dtb:,.0f}/s  "
+          f"(target 100,000 within 60 s: {60 / dtb * nb / 100_000:.2f}x of it)")
+
+
+if __name__ == "__main__":
+    main()
