@@ -40,8 +40,14 @@ def search(sc, **options):
 
     Training kinds (pretrain, finetune): :func:`fmsim.search.search_training` -- its keyword arguments
     (``instances``, ``nodes``, ``pricing``, ``deadline_s``, ``budget_usd``, ``top``, ``jobs``, ``dask``,
-    ``cache_dir``, ``axes``) and its :class:`fmsim.search.SearchResult`. See docs/search.md.
+    ``cache_dir``, ``axes``) and its :class:`fmsim.search.SearchResult`. Inference:
+    :func:`fmsim.search.serving.plan_capacity` (``qps``, ``instances``, ``pricing``, ``estimate``,
+    ``confirm``) and its ``CapacityPlan``. See docs/search.md.
     """
+    if sc.workload.kind == "inference":
+        from .search.serving import plan_capacity
+
+        return plan_capacity(sc, **options)
     from .search.driver import search_training
 
     return search_training(sc, **options)

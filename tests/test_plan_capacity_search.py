@@ -75,6 +75,8 @@ def test_pricing_options_and_the_cheapest(capsys):
     priced = [(q.prices[o], q.instance, o) for q in plan.best_per_instance.values() for o in plan.pricing
               if q.prices[o] is not None]
     assert (p.prices[opt], p.instance, opt) == min(priced)
+    assert fmsim.search(sc, qps=20.0, instances=["g6e.48xlarge", "p5.48xlarge"], estimate=True,
+                        pricing=("on-demand", "savings-plan-3yr")) == plan      # the facade, for inference
     rc = main(["plan-capacity", str(SMALL_8B), "--qps", "20", "--instances", "g6e.48xlarge,p5.48xlarge",
                "--pricing", "on-demand,savings-plan-3yr", "--estimate"])
     out = capsys.readouterr().out
