@@ -46,9 +46,9 @@ def timed_search(sc, **kw):
 
 
 def nodes_for(plans_wanted: int, per_cluster: int) -> tuple[int, ...]:
-    """Node counts (multiples of 8) giving about ``plans_wanted`` candidates over the instances."""
+    """Node counts (multiples of 4 from 8) giving about ``plans_wanted`` candidates over the instances."""
     n = max(1, round(plans_wanted / (per_cluster * len(INSTANCES))))
-    return tuple(8 * (i + 1) for i in range(n))
+    return tuple(8 + 4 * i for i in range(n))
 
 
 def main() -> None:
@@ -56,9 +56,17 @@ def main() -> None:
     ap.add_argument("--scenario", default=str(ROOT / "scenarios/examples/llama3-70b-p5.yaml"))
     ap.add_argument("--plans", type=int, default=100_000)
     ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--global-batch", type=int, default=None,
+                    help="sequences per step for the searches (default: the scenario's; the example's 128 "
+                         "refuses most large plans, 2048 admits them, and ZeRO-3 plans with many "
+                         "micro-batches are the estimate's slowest)")
+    ap.add_argument("--zero", default="1,3", help="ZeRO stages searched (default: the search's, 1,3)")
     args = ap.parse_args()
-    sc = load_scenario(args.scenario)
-    print(f"scenario {sc.name}; {os.cpu_count()} CPU cores visible; Calculon: not installed (no comparison)")
+    sc = load_scenario(args.scenario, overrides={"workload.global_batch": args.global_batch}
+                       if args.global_batch else None)
+    print(f"scenario {sc.name} (global_batch {sc.workload.global_batch}, ZeRO {args.zero}); "
+          f"{os.cpu_count()} CPU cores visible, load "
+          f"average {os.getloadavg()[0]:.1f}; Calculon: not installed (no comparison)")
 
     load_ms = per_call_ms(lambda: load_scenario(args.scenario), 50)
     est_ms = per_call_ms(lambda: fmsim.estimate(sc), 100)
@@ -66,7 +74,8 @@ def main() -> None:
     print(f"1. load+validate {load_ms:.2f} ms | estimate {est_ms:.2f} ms | with_plan variant {var_ms:.3f} ms"
           f"  (load/estimate {load_ms / est_ms:.1f}x, load/with_plan {load_ms / var_ms:.0f}x)")
 
-    base_kw = dict(instances=INSTANCES, nodes=(8, 16, 32, 64))
+    zero = tuple(int(z) for z in args.zero.split(","))
+    base_kw = dict(instances=INSTANCES, nodes=(8, 16, 32, 64), axes={"zero": zero})
     dt1, n, costed, res = timed_search(sc, jobs=1, **base_kw)
     per_cluster = n // (len(INSTANCES) * 4)
     print(f"2. 1 process: {n:,} candidates ({costed:,} costed) in {dt1:.2f} s = {n / dt1:,.0f} candidates/s, "
@@ -89,8 +98,9 @@ def main() -> None:
               f"(speed-up {times[1] / times[2]:.2f}x; target 1.7x)")
 
     nodes = nodes_for(args.plans, per_cluster)
-    dtb, nb, costedb, _ = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes)
-    print(f"5. {nb:,} candidates ({costedb:,} costed) on 2 processes in {dtb:.1f} s = {nb / dtb:,.0f}/s  "
+    dtb, nb, costedb, _ = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes, axes={"zero": zero})
+    print(f"5. {nb:,} candidates ({costedb:,} costed; nodes {nodes[0]}..{nodes[-1]} by 4) on 2 processes in "
+          f"{dtb:.1f} s = {nb / dtb:,.0f}/s  "
           f"(target 100,000 within 60 s: {60 / dtb * nb / 100_000:.2f}x of it)")
 
 
