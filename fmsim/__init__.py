@@ -36,9 +36,12 @@ def __getattr__(name: str):
     if name == "load_scenario":
         from .scenario import load_scenario
         return load_scenario
-    if name in ("simulate", "estimate", "search"):
+    if name in ("simulate", "estimate"):
         from . import api
         return getattr(api, name)
+    if name == "search":  # the plan-search package, callable as fmsim.search(sc, ...) (fmsim.api.search)
+        import importlib
+        return importlib.import_module(".search", __name__)
     if name == "load_catalog":
         from .catalog import load_catalog
         return load_catalog

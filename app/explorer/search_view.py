@@ -14,9 +14,14 @@ from typing import Any
 
 import pandas as pd
 
-from fmsim.search.space import plan_dict
-
 DAY_S = 86400.0
+
+
+def plan_dict(key: tuple) -> dict[str, Any]:
+    """A plan key as ``{axis: value}`` (the search result's own reading of its keys)."""
+    import fmsim
+
+    return fmsim.search.SearchResult.plan(key)
 
 
 def plan_label(key: tuple, option: str) -> str:

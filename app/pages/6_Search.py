@@ -16,9 +16,6 @@ import streamlit as st
 from explorer import cache, logic, search_view, widgets
 
 import fmsim
-from fmsim.catalog import PRICING_OPTIONS
-from fmsim.search.space import parse_nodes
-from fmsim.units import parse_count
 
 P = "search"
 GOALS = ("frontier (time against cost)", "deadline: cheapest in time", "budget: fastest within it")
@@ -27,7 +24,7 @@ widgets.page_setup("Search", ":material/travel_explore:")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_search(text: str, label: str, instances: tuple, nodes: tuple, pricing: tuple, deadline_days: float | None,
+def run_search(text: str, label: str, instances: tuple, nodes: str, pricing: tuple, deadline_days: float | None,
                budget_usd: float | None):
     """One search (deterministic: the same inputs give the same result), kept for the session's reruns."""
     sc, err, _hint = cache.base(text, label)
@@ -68,7 +65,7 @@ def main() -> None:
                    else aws[:1], key=f"{P}.instances")
     sb.text_input("Node counts", value=f"{sc.cluster.nodes}..{sc.cluster.nodes * 4}", key=f"{P}.nodes",
                   help="LO..HI doubles from LO (8..64: 8, 16, 32, 64), or a list: 8,12,16")
-    sb.multiselect("Pricing options", list(PRICING_OPTIONS), default=[sc.pricing.option or "on-demand"],
+    sb.multiselect("Pricing options", list(logic.PRICING_OPTIONS), default=[sc.pricing.option or "on-demand"],
                    key=f"{P}.pricing")
     goal = sb.radio("Goal", GOALS, key=f"{P}.goal")
     deadline = budget = None
@@ -83,7 +80,7 @@ def main() -> None:
         st.error(f"{source.label}: workload.train_tokens: is needed to compare plans by time and cost to train")
         return
     try:
-        nodes = parse_nodes(st.session_state[f"{P}.nodes"])
+        nodes = st.session_state[f"{P}.nodes"]
         pricing = tuple(st.session_state.get(f"{P}.pricing") or ()) or (sc.pricing.option or "on-demand",)
         with st.spinner("Searching…"):
             res = run_search(source.text, source.label, tuple(st.session_state[f"{P}.instances"]), nodes, pricing,
@@ -127,19 +124,14 @@ def main() -> None:
 
     st.subheader("How many nodes?")
     q1, q2 = st.columns(2)
-    tokens_text = q1.text_input("Tokens to train", value=logic.fmt_tokens(sc.workload.train_tokens),
-                                key=f"{P}.tokens")
+    tokens = q1.number_input("Tokens to train (trillions)", min_value=0.001,
+                             value=float(sc.workload.train_tokens) / 1e12, key=f"{P}.tokens")
     days = q2.number_input("Within days", min_value=1.0, value=90.0, key=f"{P}.days")
-    try:
-        tokens = parse_count(tokens_text)
-    except fmsim.FmsimError as exc:
-        st.error(f"Tokens to train: {exc}")
+    need = search_view.nodes_needed(res, tokens * 1e12, days)
+    if need.empty:
+        st.info("No searched node count trains that many tokens in time: search more nodes.")
     else:
-        need = search_view.nodes_needed(res, tokens, days)
-        if need.empty:
-            st.info("No searched node count trains that many tokens in time: search more nodes.")
-        else:
-            st.dataframe(need, hide_index=True, key=f"{P}.need")
+        st.dataframe(need, hide_index=True, key=f"{P}.need")
 
     st.subheader("Open a plan as a what-if")
     choices = {search_view.plan_label(r.key, r.row["pricing_option"]): r

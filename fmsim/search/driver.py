@@ -23,7 +23,7 @@ from .cache import ResultCache, context_key, default_cache_dir, plan_text
 from .evaluate import Evaluator
 from .executors import run_chunks
 from .rank import EXPLICIT, Ranked, goal_order, pareto_frontier, priced, winners_by_instance
-from .space import SearchSpace, candidates, default_space
+from .space import SearchSpace, candidates, default_space, parse_nodes, plan_dict
 
 #: refuse a search space larger than this (memory and time stay bounded; narrow the axes instead)
 MAX_PLANS = 5_000_000
@@ -70,6 +70,11 @@ class SearchResult:
         evaluated = len(self.records) - self.cached
         return evaluated / self.elapsed_s if self.elapsed_s > 0 else math.inf
 
+    @staticmethod
+    def plan(key: Sequence) -> dict[str, Any]:
+        """A plan key as ``{axis: value}`` (axes: :data:`fmsim.search.AXES`)."""
+        return plan_dict(tuple(key))
+
     def rows(self) -> list[dict[str, Any]]:
         """Every costed plan's result row (fitting or not) under each pricing option, plan-key order."""
         out = []
@@ -102,6 +107,7 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
                     axes: Mapping[str, Sequence] | None = None) -> SearchResult:
     """Search training plans of ``sc`` (see the module docstring and docs/search.md).
 
+    ``nodes``: node counts, or their ``--nodes`` text (``"8..1024"``, ``"8,12,16"``).
     ``cache_dir``: a directory, ``None`` for the default user cache, or ``False`` for none.
     ``progress(done, total)`` is called as chunks complete (and once for the cached records).
     """
@@ -109,6 +115,8 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     from ..catalog import PRICING_OPTIONS, load_catalog
 
     t0 = time.perf_counter()
+    if isinstance(nodes, str):
+        nodes = parse_nodes(nodes)
     if sc.workload.kind not in ("pretrain", "finetune"):
         raise ConfigError(f"training plan search needs kind pretrain or finetune, not {sc.workload.kind!r} "
                           "(serving: fmsim plan-capacity)", file=sc.file, field="workload.kind")
