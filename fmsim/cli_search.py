@@ -263,6 +263,9 @@ def run(args: argparse.Namespace) -> int:
 
     overrides = dict(parse_set_option(s) for s in args.set)
     sc = load_scenario(args.scenario, overrides=overrides or None)
+    if sc.workload.kind not in ("pretrain", "finetune"):
+        raise ConfigError(f"fmsim search plans training (kind pretrain or finetune), not {sc.workload.kind!r} "
+                          "(serving: fmsim plan-capacity SCENARIO --qps Q)", file=sc.file, field="workload.kind")
     kwargs = search_args(args)
 
     def stop(signum, _frame):
