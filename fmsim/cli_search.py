@@ -286,7 +286,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         if bar is not None:
             bar.close()
-    print(render(res, sc))
+    # with --csv - the CSV owns stdout: the report goes to stderr
+    print(render(res, sc), file=sys.stderr if args.csv == "-" else sys.stdout)
     if args.csv:
         from .export import write_rows_csv
 

@@ -51,6 +51,16 @@ def test_search_prints_frontier_winners_and_writes_csv_and_scenarios(tmp_path, c
     assert by_name   # rows name the base scenario
 
 
+def test_progress_bar_and_csv_on_stdout(capsys):
+    rc = main(["search", EXAMPLE, "--nodes", "8", "--top", "0", "--progress", "--csv", "-", *NARROW])
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "plan/s" in cap.err or "s/plan" in cap.err          # tqdm's rate, on stderr
+    assert "frontier, time to train against cost" in cap.err    # the report moves aside for the CSV
+    header = (ROOT / "tests/golden/training_csv_header.txt").read_text().strip()
+    assert cap.out.splitlines()[0] == header
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--nodes", "16..8"], "--nodes"),
     (["--nodes", "eight"], "--nodes"),
