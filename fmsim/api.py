@@ -44,10 +44,6 @@ def search(sc, **options):
     :func:`fmsim.search.serving.plan_capacity` (``qps``, ``instances``, ``pricing``, ``estimate``,
     ``confirm``) and its ``CapacityPlan``. See docs/search.md.
     """
-    if sc.workload.kind == "inference":
-        from .search.serving import plan_capacity
+    from .search import search_scenario
 
-        return plan_capacity(sc, **options)
-    from .search.driver import search_training
-
-    return search_training(sc, **options)
+    return search_scenario(sc, **options)

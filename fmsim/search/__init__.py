@@ -14,14 +14,24 @@ import sys
 from .driver import SearchResult, search_training
 from .space import AXES, SearchSpace, default_space
 
-__all__ = ["AXES", "SearchResult", "SearchSpace", "default_space", "search", "search_training"]
+__all__ = ["AXES", "SearchResult", "SearchSpace", "default_space", "search", "search_scenario", "search_training"]
+
+
+def search_scenario(sc, **options):
+    """The search of ``sc``'s kind: :func:`search_training` (pretrain, finetune) or
+    :func:`fmsim.search.serving.plan_capacity` (inference, ``qps=...``)."""
+    if sc.workload.kind == "inference":
+        from .serving import plan_capacity
+
+        return plan_capacity(sc, **options)
+    return search_training(sc, **options)
 
 
 def search(sc, **options):
     """Search plans of scenario ``sc``: ``fmsim.search(sc, instances=..., nodes=..., deadline_s=...)``.
 
-    Training kinds: :func:`search_training` (its keyword arguments; docs/search.md). Returns a
-    :class:`SearchResult`.
+    Training kinds: :func:`search_training` (its keyword arguments; docs/search.md), a
+    :class:`SearchResult`; inference: ``plan_capacity`` (``qps=...``), a ``CapacityPlan``.
     """
     from .. import api
 
