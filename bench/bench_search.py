@@ -88,8 +88,8 @@ def main() -> None:
     dt1, n, costed, res, cpu1 = timed_search(sc, jobs=1, **base_kw)
     per_cluster = n // (len(INSTANCES) * 4)
     print(f"2. 1 process: {n:,} candidates ({costed:,} costed) in {dt1:.2f} s = {n / dt1:,.0f} candidates/s, "
-          f"{costed / dt1:,.0f} costed plans/s; per CPU second: {n / cpu1:,.0f} candidates, {costed / cpu1:,.0f} "
-          f"costed  (target 2,000/s per core: {n / cpu1 / 2000:.2f}x of it)")
+          f"{costed / dt1:,.0f} costed plans/s; per CPU second: {n / cpu1:,.0f} candidates, "
+          f"{costed / cpu1:,.0f} costed  (target 2,000/s per core: {n / cpu1 / 2000:.2f}x of it)")
     dt2, _, _, _, cpu2 = timed_search(sc, jobs=2, **base_kw)
     print(f"3. 2 processes: {dt2:.2f} s = {n / dt2:,.0f} candidates/s, {n / cpu2:,.0f} per CPU second "
           f"(speed-up {dt1 / dt2:.2f}x over 1 in wall time)")
@@ -109,7 +109,8 @@ def main() -> None:
               f"(speed-up {times[1] / times[2]:.2f}x; target 1.7x)")
 
     nodes = nodes_for(args.plans, per_cluster)
-    dtb, nb, costedb, _, cpub = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes, axes={"zero": zero})
+    dtb, nb, costedb, _, cpub = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes,
+                                             axes={"zero": zero})
     print(f"5. {nb:,} candidates ({costedb:,} costed; nodes {nodes[0]}..{nodes[-1]} by 4) on 2 processes in "
           f"{dtb:.1f} s ({cpub:.1f} CPU s) = {nb / dtb:,.0f}/s  "
           f"(target 100,000 within 60 s: {60 / dtb * nb / 100_000:.2f}x of it)")

@@ -26,12 +26,13 @@ EXIT_OK, EXIT_USAGE = 0, 2
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "plan-capacity",
-        help="cheapest serving fleet meeting a scenario's SLOs at a request rate, over layouts, types and prices",
-        description="Search tensor-parallel layouts (and expert-parallel widths with data-parallel attention), "
-                    "node counts, instance types (--instances) and pricing options (--pricing) for a kind: "
-                    "inference scenario so that its slo: section holds under Poisson arrivals at --qps. The "
-                    "estimate sizes every layout, the simulation confirms the best --confirm of each type. "
-                    "Prints every evaluated fleet, the answer per instance type and the cheapest.")
+        help="cheapest serving fleet meeting a scenario's SLOs at a request rate (layouts, types, prices)",
+        description="Search tensor-parallel layouts (and expert-parallel widths with data-parallel "
+                    "attention), node counts, instance types (--instances) and pricing options (--pricing) "
+                    "for a kind: inference scenario so that its slo: section holds under Poisson arrivals "
+                    "at --qps. The estimate sizes every layout, the simulation confirms the best --confirm "
+                    "of each type. Prints every evaluated fleet, the answer per instance type and the "
+                    "cheapest.")
     p.add_argument("scenario", help="a kind: inference scenario file with an slo: section")
     p.add_argument("--qps", type=float, required=True, help="questions (requests) per second to serve")
     p.add_argument("--instances", default=None,
@@ -41,7 +42,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--estimate", action="store_true",
                    help="use the analytical estimate only, no simulation (fast, rougher)")
     p.add_argument("--confirm", type=int, default=2, metavar="K",
-                   help="layouts per instance type the simulation re-sizes, best by the estimate first (default 2)")
+                   help="layouts per instance type the simulation re-sizes, best by the estimate first "
+                        "(default 2)")
     p.add_argument("--max-replicas", type=int, default=512, help="stop searching beyond this many replicas")
 
 
@@ -56,13 +58,14 @@ def _layout(p: FleetPoint) -> str:
 
 
 def render(plan: CapacityPlan) -> str:
-    head = ("instance", "method", "prec", "layout", "replicas", "nodes", "gpus", "$/h", "ttft_p99", "tpot_p99",
-            "goodput", "meets SLO")
+    head = ("instance", "method", "prec", "layout", "replicas", "nodes", "gpus", "$/h", "ttft_p99",
+            "tpot_p99", "goodput", "meets SLO")
     rows = []
     for p in sorted(plan.points, key=lambda p: (p.instance, p.method, p.tp, p.pp, p.ep, p.nodes)):
         m = p.metrics
         good = m.get("goodput_fraction")
-        rows.append((p.instance, p.method, p.precision, _layout(p), str(p.replicas), str(p.nodes), str(p.gpus),
+        rows.append((p.instance, p.method, p.precision, _layout(p), str(p.replicas), str(p.nodes),
+                     str(p.gpus),
                      _fmt(p.usd_per_hour, "usd_per_hour"), _fmt(m.get("ttft_p99_s"), "ttft_p99_s"),
                      _fmt(m.get("tpot_p99_s"), "tpot_p99_s"),
                      f"{100 * good:.0f} %" if good is not None and not math.isnan(good) else "-",
@@ -78,8 +81,8 @@ def render(plan: CapacityPlan) -> str:
             continue
         prices = ", ".join(f"{_fmt(v, 'usd_per_hour')}/h {o}" if v is not None else f"no {o} price"
                            for o, v in p.prices.items())
-        lines.append(f"{name}: {p.replicas} replicas x {_layout(p)} ({p.precision}) = {p.gpus} GPUs on {p.nodes} "
-                     f"nodes ({p.method}), {prices}")
+        lines.append(f"{name}: {p.replicas} replicas x {_layout(p)} ({p.precision}) = {p.gpus} GPUs on "
+                     f"{p.nodes} nodes ({p.method}), {prices}")
     best = plan.cheapest_option
     if best is not None and (len(plan.best_per_instance) > 1 or len(plan.pricing) > 1):
         p, opt = best

@@ -29,11 +29,12 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "search",
         help="search training plans x instance types x node counts x pricing for the cheapest or fastest",
-        description="Enumerate training plans (tp, pp, vpp, cp, ep, micro-batch, ZeRO, recompute, offloading) "
-                    "over instance types, node counts and pricing options; refuse what cannot run, cost the "
-                    "rest with the analytical estimate, re-check the best with the simulation. --deadline: "
-                    "the cheapest plan that trains workload.train_tokens in time; --budget: the fastest within "
-                    "the money; neither: the Pareto frontier of time to train against cost. See docs/search.md.")
+        description="Enumerate training plans (tp, pp, vpp, cp, ep, micro-batch, ZeRO, recompute, "
+                    "offloading) over instance types, node counts and pricing options; refuse what cannot "
+                    "run, cost the rest with the analytical estimate, re-check the best with the simulation. "
+                    "--deadline: the cheapest plan that trains workload.train_tokens in time; --budget: the "
+                    "fastest within the money; neither: the Pareto frontier of time to train against cost. "
+                    "See docs/search.md.")
     p.add_argument("scenario", help="a kind: pretrain or finetune scenario file (with workload.train_tokens)")
     p.add_argument("--instances", help="comma-separated instance types (default: the scenario's)")
     p.add_argument("--nodes", help="node counts: LO..HI (doubling: 8..1024) or a list 8,12,16 "
@@ -46,14 +47,17 @@ def add_parser(subparsers: Any) -> None:
                        ("cp", "context-parallel sizes"), ("ep", "expert-parallel sizes"),
                        ("micro-batch", "micro-batch sizes"), ("zero", "ZeRO stages 0..3"),
                        ("offload", "activation-offloaded layers")):
-        p.add_argument(f"--{axis}", metavar="LIST", help=f"{what} to try, comma-separated (default: docs/search.md)")
-    p.add_argument("--recompute", metavar="LIST", help="recompute modes to try: none,selective,full (default: all)")
+        p.add_argument(f"--{axis}", metavar="LIST",
+                       help=f"{what} to try, comma-separated (default: docs/search.md)")
+    p.add_argument("--recompute", metavar="LIST",
+                   help="recompute modes to try: none,selective,full (default: all)")
     p.add_argument("--top", type=int, default=3, metavar="K",
                    help="re-check the best K plans with the discrete-event simulation (default 3; 0: none)")
     p.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
                    help="local worker processes (default: all cores)")
     p.add_argument("--dask", metavar="ADDRESS", help="run on a Dask cluster: a scheduler address, or local:N")
-    p.add_argument("--cache", metavar="DIR", help="result cache directory (default: the user cache, ~/.cache/fmsim)")
+    p.add_argument("--cache", metavar="DIR",
+                   help="result cache directory (default: the user cache, ~/.cache/fmsim)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     p.add_argument("--csv", metavar="F", help="write every costed plan (the columns of fmsim run --csv) to F")
     p.add_argument("--yaml-dir", metavar="DIR", help="write the winners as runnable scenario files into DIR")
@@ -126,7 +130,8 @@ def search_args(args: argparse.Namespace) -> dict[str, Any]:
         out["budget_usd"] = parse_count(args.budget.lstrip("$")) if args.budget is not None else None
     except ConfigError as exc:
         raise ConfigError(f"--budget: {exc.message} (expected US dollars such as 5M or 750k)") from None
-    axes = {"tp": _ints(args, "tp", "--tp"), "pp": _ints(args, "pp", "--pp"), "vpp": _ints(args, "vpp", "--vpp"),
+    axes = {"tp": _ints(args, "tp", "--tp"), "pp": _ints(args, "pp", "--pp"),
+            "vpp": _ints(args, "vpp", "--vpp"),
             "cp": _ints(args, "cp", "--cp"), "ep": _ints(args, "ep", "--ep"),
             "micro_batch": _ints(args, "micro_batch", "--micro-batch"),
             "zero": _ints(args, "zero", "--zero", minimum=0),
@@ -153,7 +158,8 @@ def render(res, sc) -> str:
     sp = res.space
     reasons = ", ".join(f"{f} {n:,}" for f, n in res.rule_reasons.most_common(4))
     lines = [f"search {sc.name}: {len(res.records):,} plans over {len(sp.instance)} instance type(s) x "
-             f"{len(sp.nodes)} node count(s), priced {', '.join(sp.pricing)}; {c['ok']:,} fit and were costed, "
+             f"{len(sp.nodes)} node count(s), priced {', '.join(sp.pricing)}; {c['ok']:,} fit and were "
+             f"costed, "
              f"{c['memory']:,} do not fit in memory, {c['rule']:,} refused before costing"
              + (f" ({reasons})" if reasons else "")
              + f"; {res.elapsed_s:.1f} s, {res.plans_per_s:,.0f} plans/s, {res.cached:,} from the cache"]
@@ -164,8 +170,10 @@ def render(res, sc) -> str:
                         f"{_days(res.deadline_s)}",
             "budget": f"the fastest plan training {format_quantity(tokens, 'count')} tokens within "
                       f"{_money(res.budget_usd)}",
-            "deadline+budget": f"the cheapest plan within {_days(res.deadline_s)} and {_money(res.budget_usd)}",
-            "frontier": f"the time/cost frontier of training {format_quantity(tokens, 'count')} tokens"}[res.goal]
+            "deadline+budget": f"the cheapest plan within {_days(res.deadline_s)} and "
+                               f"{_money(res.budget_usd)}",
+            "frontier": f"the time/cost frontier of training {format_quantity(tokens, 'count')} tokens",
+            }[res.goal]
     lines.append(f"goal: {goal}")
     lines.append("")
     fr = res.frontier
@@ -187,7 +195,8 @@ def render(res, sc) -> str:
         lines.append("re-checked by the discrete-event simulation (estimate -> simulation):")
         for ch in res.checked:
             e, s = ch.estimate.row, ch.simulated.row
-            lines.append(f"  {e['instance']} x{e['nodes']}  {_plan_text(ch.estimate.key)}  {e['pricing_option']}: "
+            lines.append(f"  {e['instance']} x{e['nodes']}  {_plan_text(ch.estimate.key)}  "
+                         f"{e['pricing_option']}: "
                          f"train {_days(e['time_to_train_s'])} -> {_days(s['time_to_train_s'])}, "
                          f"{_money(e['cost_usd'])} -> {_money(s['cost_usd'])}")
     lines.append("")
@@ -223,13 +232,13 @@ def write_winners(res, base, directory: str) -> list[Path]:
     paths = []
     for r in picks:
         row = r.row
-        name = _slug(f"{base.name}-{row['instance']}-x{row['nodes']}-{_plan_text(r.key)}-{row['pricing_option']}"
-                     .replace(" ", "-"))
+        name = _slug(f"{base.name}-{row['instance']}-x{row['nodes']}-{_plan_text(r.key)}-"
+                     f"{row['pricing_option']}".replace(" ", "-"))
         option = row["pricing_option"]
         pricing = {"usd_per_hour": base.pricing.usd_per_hour} if option == "explicit" else option
         sc = with_plan(ev.variant(r.key), pricing=pricing)
-        sc = dataclasses.replace(sc, name=name, description=f"found by fmsim search from {base.file or base.name}: "
-                                 f"{r.why}")
+        sc = dataclasses.replace(sc, name=name,
+                                 description=f"found by fmsim search from {base.file or base.name}: {r.why}")
         path = out_dir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(scenario_to_mapping(sc), sort_keys=False), encoding="utf-8")
         paths.append(path)
@@ -264,8 +273,9 @@ def run(args: argparse.Namespace) -> int:
     overrides = dict(parse_set_option(s) for s in args.set)
     sc = load_scenario(args.scenario, overrides=overrides or None)
     if sc.workload.kind not in ("pretrain", "finetune"):
-        raise ConfigError(f"fmsim search plans training (kind pretrain or finetune), not {sc.workload.kind!r} "
-                          "(serving: fmsim plan-capacity SCENARIO --qps Q)", file=sc.file, field="workload.kind")
+        raise ConfigError(f"fmsim search plans training (kind pretrain or finetune), not "
+                          f"{sc.workload.kind!r} (serving: fmsim plan-capacity SCENARIO --qps Q)",
+                          file=sc.file, field="workload.kind")
     kwargs = search_args(args)
 
     def stop(signum, _frame):

@@ -1,4 +1,5 @@
-"""``plan-capacity`` searches layouts, node counts, instance types and pricing; its answers hold when simulated."""
+"""``plan-capacity`` searches layouts, node counts, instance types and pricing; its answers hold when
+simulated."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -34,8 +34,9 @@ def _overrides(key) -> dict:
     p = plan_dict(key)
     return {"cluster.instance": p["instance"], "cluster.nodes": p["nodes"], "parallelism.tp": p["tp"],
             "parallelism.pp": p["pp"], "parallelism.vpp": p["vpp"], "parallelism.cp": p["cp"],
-            "parallelism.ep": p["ep"], "workload.micro_batch": p["micro_batch"], "parallelism.zero": p["zero"],
-            "parallelism.recompute": p["recompute"], "parallelism.offload_activations": p["offload_activations"],
+            "parallelism.ep": p["ep"], "workload.micro_batch": p["micro_batch"],
+            "parallelism.zero": p["zero"], "parallelism.recompute": p["recompute"],
+            "parallelism.offload_activations": p["offload_activations"],
             "parallelism.schedule": "interleaved" if p["vpp"] > 1 else "1f1b", "parallelism.dp": "auto",
             "expect": None}
 
@@ -51,7 +52,8 @@ def test_with_plan_equals_loading_the_changed_file(sc):
         m = scenario_to_mapping(sc)
         m["cluster"]["nodes"] = nodes
         m["workload"]["micro_batch"] = mb
-        m["parallelism"].update(tp=tp, pp=pp, vpp=vpp, dp="auto", schedule="interleaved" if vpp > 1 else "1f1b")
+        m["parallelism"].update(tp=tp, pp=pp, vpp=vpp, dp="auto",
+                                schedule="interleaved" if vpp > 1 else "1f1b")
         try:
             want = scenario_from_mapping(m, file=sc.file)
         except ConfigError as exc:
@@ -86,7 +88,7 @@ def test_with_plan_checks_cluster_precision_and_pricing(sc):
 
 
 def test_rule_pruned_plans_are_refused_when_loaded(small):
-    """A plan refused before costing is refused by the scenario reader (or the planner) when loaded as a file."""
+    """A plan refused before costing is refused by the reader (or the planner) when loaded as a file."""
     refused = [k for k, rec in small.records if rec["status"] == "rule"]
     assert refused
     for key in refused[:: max(1, len(refused) // 12)]:
@@ -103,13 +105,13 @@ def test_memory_pruned_plans_do_not_fit_when_run(small):
 
 
 def test_costed_rows_are_what_the_file_gives(small):
-    """A searched row equals fmsim.estimate of the same plan loaded from the file, under each pricing option."""
+    """A searched row equals fmsim.estimate of the same plan loaded from the file, under each pricing."""
     ok = [r for r in small.ranked]
     for r in ok[:: max(1, len(ok) // 8)]:
         over = _overrides(r.key) | {"pricing": r.row["pricing_option"]}
         want = fmsim.estimate(load_scenario(EXAMPLE, overrides=over)).to_dict()
-        for col in ("step_time_s", "mfu", "memory_per_gpu_bytes", "time_to_train_s", "usd_per_hour", "cost_usd",
-                    "usd_per_step", "price_date", "pricing_option", "dp", "num_microbatches"):
+        for col in ("step_time_s", "mfu", "memory_per_gpu_bytes", "time_to_train_s", "usd_per_hour",
+                    "cost_usd", "usd_per_step", "price_date", "pricing_option", "dp", "num_microbatches"):
             assert r.row[col] == pytest.approx(want[col], rel=1e-12) if isinstance(want[col], float) \
                 else r.row[col] == want[col], col
 
@@ -139,11 +141,12 @@ def test_frontier_is_the_pareto_set(small):
 
 
 def test_des_recheck_decides_the_winner(sc):
-    res = fmsim.search(sc, nodes=(16,), axes={"tp": (8,), "pp": (4,), "vpp": (1, 2), "micro_batch": (1,),
-                                               "zero": (1,), "recompute": ("selective",)}, top=2, cache_dir=False)
+    axes = {"tp": (8,), "pp": (4,), "vpp": (1, 2), "micro_batch": (1,), "zero": (1,),
+            "recompute": ("selective",)}
+    res = fmsim.search(sc, nodes=(16,), axes=axes, top=2, cache_dir=False)
     assert res.checked and res.winner is not None
-    assert res.winner.simulated.row["step_time_s"] == pytest.approx(
-        fmsim.simulate(load_scenario(EXAMPLE, overrides=_overrides(res.winner.estimate.key))).metrics["step_time_s"])
+    again = fmsim.simulate(load_scenario(EXAMPLE, overrides=_overrides(res.winner.estimate.key)))
+    assert res.winner.simulated.row["step_time_s"] == pytest.approx(again.metrics["step_time_s"])
 
 
 def test_resuming_gives_the_same_frontier(sc, tmp_path):

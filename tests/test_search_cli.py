@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_search_prints_frontier_winners_and_writes_csv_and_scenarios(tmp_path, capsys):
     out_csv, out_dir = tmp_path / "plans.csv", tmp_path / "winners"
     rc = main(["search", EXAMPLE, "--instances", "p5.48xlarge,p5en.48xlarge", "--nodes", "8..16",
-               "--deadline", "3000d", "--top", "1", "--csv", str(out_csv), "--yaml-dir", str(out_dir), *NARROW])
+               "--deadline", "3000d", "--top", "1", "--csv", str(out_csv), "--yaml-dir", str(out_dir),
+               *NARROW])
     text = capsys.readouterr().out
     assert rc == 0
     for part in ("frontier, time to train against cost", "best per instance type", "p5.48xlarge x",
@@ -41,8 +42,9 @@ def test_search_prints_frontier_winners_and_writes_csv_and_scenarios(tmp_path, c
     for f in files:     # round trip: each winner loads and gives the numbers the search printed
         sc = load_scenario(f)
         res = fmsim.estimate(sc)
-        plan = (sc.cluster.instance.name, str(sc.cluster.nodes), str(sc.parallelism.tp), str(sc.parallelism.pp),
-                str(sc.parallelism.vpp), sc.parallelism.recompute, sc.pricing.option)
+        par = sc.parallelism
+        plan = (sc.cluster.instance.name, str(sc.cluster.nodes), str(par.tp), str(par.pp), str(par.vpp),
+                par.recompute, sc.pricing.option)
         match = [r for r in rows if (r["instance"], r["nodes"], r["tp"], r["pp"], r["vpp"], r["recompute"],
                                      r["pricing_option"]) == plan]
         assert len(match) == 1, f

@@ -45,8 +45,8 @@ def points_frame(res) -> pd.DataFrame:
                      "pricing": opt, "days": r.time_s / DAY_S, "cost_usd": r.cost,
                      "step_time_s": r.row["step_time_s"], "mfu": r.row["mfu"],
                      "frontier": (r.key, opt) in on_frontier, "bottleneck": r.why})
-    return pd.DataFrame(rows, columns=["plan", "instance", "nodes", "pricing", "days", "cost_usd", "step_time_s",
-                                       "mfu", "frontier", "bottleneck"])
+    return pd.DataFrame(rows, columns=["plan", "instance", "nodes", "pricing", "days", "cost_usd",
+                                       "step_time_s", "mfu", "frontier", "bottleneck"])
 
 
 def winners_frame(res) -> pd.DataFrame:
@@ -57,7 +57,8 @@ def winners_frame(res) -> pd.DataFrame:
 
 
 def heatmap_frame(res, instance: str, nodes: int) -> pd.DataFrame:
-    """tp x pp cells for one instance type and node count: the fastest fitting plan's step time, or why none."""
+    """tp x pp cells for one instance type and node count: the fastest fitting plan's step time, or why
+    none."""
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     why: dict[tuple[int, int], Counter] = {}
     for key, rec in res.records:
@@ -86,7 +87,7 @@ def heatmap_frame(res, instance: str, nodes: int) -> pd.DataFrame:
 
 
 def nodes_needed(res, tokens: float, days: float) -> pd.DataFrame:
-    """Per instance type: the fewest searched nodes whose plan trains ``tokens`` within ``days``, and its cost.
+    """Per instance type: the fewest searched nodes whose plan trains ``tokens`` within ``days``, its cost.
 
     A plan's time to train is its steps over the goodput: the tokens it was searched for are
     ``time_to_train * tokens_per_s * goodput``, and other token counts scale its time and cost alike."""
@@ -109,10 +110,11 @@ def nodes_needed(res, tokens: float, days: float) -> pd.DataFrame:
 
 
 def training_knobs(key: tuple, option: str) -> dict[str, Any]:
-    """The Training page's knob values (``training.<knob>``) that give plan ``key`` under pricing ``option``."""
+    """The Training page's knob values (``training.<knob>``) giving plan ``key`` under pricing ``option``."""
     p = plan_dict(key)
-    knobs = {"instance": p["instance"], "nodes": int(p["nodes"]), "tp": p["tp"], "pp": p["pp"], "vpp": p["vpp"],
-             "cp": p["cp"], "ep": p["ep"], "micro_batch": int(p["micro_batch"]), "zero": p["zero"],
+    knobs = {"instance": p["instance"], "nodes": int(p["nodes"]), "tp": p["tp"], "pp": p["pp"],
+             "vpp": p["vpp"], "cp": p["cp"], "ep": p["ep"], "micro_batch": int(p["micro_batch"]),
+             "zero": p["zero"],
              "recompute": p["recompute"], "recompute_layers": 0, "dp_shard": 0,
              "schedule": "interleaved" if p["vpp"] > 1 else "1f1b"}
     if option != "explicit":

@@ -24,8 +24,8 @@ widgets.page_setup("Search", ":material/travel_explore:")
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
-def run_search(text: str, label: str, instances: tuple, nodes: str, pricing: tuple, deadline_days: float | None,
-               budget_usd: float | None):
+def run_search(text: str, label: str, instances: tuple, nodes: str, pricing: tuple,
+               deadline_days: float | None, budget_usd: float | None):
     """One search (deterministic: the same inputs give the same result), kept for the session's reruns."""
     sc, err, _hint = cache.base(text, label)
     if sc is None:
@@ -61,8 +61,8 @@ def main() -> None:
     sb = st.sidebar
     sb.subheader("Search")
     aws = sorted(n for n, i in cat.instances.items() if not i.is_reference)
-    sb.multiselect("Instance types", aws, default=[sc.cluster.instance.name] if sc.cluster.instance.name in aws
-                   else aws[:1], key=f"{P}.instances")
+    own = sc.cluster.instance.name
+    sb.multiselect("Instance types", aws, default=[own] if own in aws else aws[:1], key=f"{P}.instances")
     sb.text_input("Node counts", value=f"{sc.cluster.nodes}..{sc.cluster.nodes * 4}", key=f"{P}.nodes",
                   help="LO..HI doubles from LO (8..64: 8, 16, 32, 64), or a list: 8,12,16")
     sb.multiselect("Pricing options", list(logic.PRICING_OPTIONS), default=[sc.pricing.option or "on-demand"],
@@ -77,21 +77,22 @@ def main() -> None:
         st.info("Pick at least one instance type.")
         return
     if not sc.workload.train_tokens:
-        st.error(f"{source.label}: workload.train_tokens: is needed to compare plans by time and cost to train")
+        st.error(f"{source.label}: workload.train_tokens: is needed to compare plans by time and cost to "
+                 "train")
         return
     try:
         nodes = st.session_state[f"{P}.nodes"]
         pricing = tuple(st.session_state.get(f"{P}.pricing") or ()) or (sc.pricing.option or "on-demand",)
         with st.spinner("Searching…"):
-            res = run_search(source.text, source.label, tuple(st.session_state[f"{P}.instances"]), nodes, pricing,
-                             deadline, budget)
+            res = run_search(source.text, source.label, tuple(st.session_state[f"{P}.instances"]), nodes,
+                             pricing, deadline, budget)
     except fmsim.FmsimError as exc:
         st.error(str(exc))
         return
     c = res.counts
     st.caption(f"{len(res.records):,} plans: {c['ok']:,} fit and were costed, {c['memory']:,} do not fit in "
-               f"memory, {c['rule']:,} refused by the scenario's rules · {res.elapsed_s:.1f} s · numbers from "
-               "the analytical estimate (`fmsim search` re-checks the best with the simulation)")
+               f"memory, {c['rule']:,} refused by the scenario's rules · {res.elapsed_s:.1f} s · numbers "
+               "from the analytical estimate (`fmsim search` re-checks the best with the simulation)")
     pts = search_view.points_frame(res)
     st.subheader("Time to train against cost")
     if pts.empty:
@@ -104,7 +105,8 @@ def main() -> None:
         chart = base.mark_circle(size=30, opacity=0.35).encode(color="instance:N") + \
             base.transform_filter("datum.frontier").mark_line(point=True, color="black")
         st.altair_chart(chart, width="stretch")
-        frontier = pts[pts["frontier"]].drop(columns=["frontier"]).sort_values(["days", "cost_usd"], kind="stable")
+        frontier = pts[pts["frontier"]].drop(columns=["frontier"])
+        frontier = frontier.sort_values(["days", "cost_usd"], kind="stable")
         st.dataframe(frontier, hide_index=True, key=f"{P}.frontier")
     st.subheader("Best plan per instance type")
     if res.ordered:

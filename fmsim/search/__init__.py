@@ -14,7 +14,8 @@ import sys
 from .driver import SearchResult, search_training
 from .space import AXES, SearchSpace, default_space
 
-__all__ = ["AXES", "SearchResult", "SearchSpace", "default_space", "search", "search_scenario", "search_training"]
+__all__ = ["AXES", "SearchResult", "SearchSpace", "default_space", "search", "search_scenario",
+           "search_training"]
 
 
 def search_scenario(sc, **options):

@@ -170,7 +170,8 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     fresh = {plan_text(k): r for chunk, recs in zip(chunks if todo else [], new) for k, r in zip(chunk, recs)}
     records = [(k, found.get(plan_text(k)) or fresh[plan_text(k)]) for k in keys]
 
-    goal = "+".join(g for g, v in (("deadline", deadline_s), ("budget", budget_usd)) if v is not None) or "frontier"
+    goals = (("deadline", deadline_s), ("budget", budget_usd))
+    goal = "+".join(g for g, v in goals if v is not None) or "frontier"
     out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
                        cached=len(found), elapsed_s=0.0)
     out._catalog, out._explicit = cat, explicit

@@ -40,7 +40,8 @@ class Evaluator:
         key = (instance, nodes)
         if key not in self._clusters:
             try:
-                self._clusters[key] = plan_cluster(self.base, instance=instance, nodes=nodes, catalog=self.catalog)
+                self._clusters[key] = plan_cluster(self.base, instance=instance, nodes=nodes,
+                                                   catalog=self.catalog)
             except FmsimError as exc:
                 self._clusters[key] = exc
         return self._clusters[key]
@@ -70,8 +71,8 @@ class Evaluator:
                     "reason": getattr(exc, "message", None) or str(exc)}
         row = res.to_dict()
         if not row.get("fits", True):
-            return {"status": "memory", "row": row,
-                    "reason": res.details.get("memory_error") or res.details.get("bottleneck", "does not fit")}
+            reason = res.details.get("memory_error") or res.details.get("bottleneck", "does not fit")
+            return {"status": "memory", "row": row, "reason": reason}
         return {"status": "ok", "row": row, "why": res.details.get("bottleneck", "")}
 
 

@@ -92,8 +92,8 @@ def _fits_kv(sc: Any, instance: Any, spec: Any, layout: Layout) -> bool:
     try:
         cost = build_cost_model(model, instance, precision=layout.precision,
                                 kv_dtype=kv_dtype_for(layout.precision, spec.serving.kv_cache_dtype, profile),
-                                tp=layout.tp, pp=layout.pp, ep=layout.ep, attention_dp=spec.serving.attention_dp,
-                                collective=None)
+                                tp=layout.tp, pp=layout.pp, ep=layout.ep,
+                                attention_dp=spec.serving.attention_dp, collective=None)
         frac = spec.serving.memory_fraction or profile.memory_fraction
         cap = cost.kv_capacity_tokens(hbm_bytes=instance.accelerator.hbm_bytes, memory_fraction=frac,
                                       fraction_of=profile.memory_fraction_of,
@@ -203,10 +203,10 @@ def plan_capacity(sc: Any, qps: float, instances: Sequence[str] | None = None, *
                 per = _gpus_per_replica(sc, spec, lay)
                 replicas = min(max_replicas, (n * inst.num_accelerators - vgpus) // per)
                 sv = dataclasses.replace(spec.serving, replicas=replicas)
-                plan = build_plan(name=sc.name, model=sc.workload.model, instance=inst, precision=lay.precision,
-                                  tp=lay.tp, pp=lay.pp, ep=lay.ep, nodes=n,
-                                  spec=dataclasses.replace(spec, serving=sv), seed=sc.seed, pricing=sc.pricing,
-                                  file=sc.file)
+                plan = build_plan(name=sc.name, model=sc.workload.model, instance=inst,
+                                  precision=lay.precision, tp=lay.tp, pp=lay.pp, ep=lay.ep, nodes=n,
+                                  spec=dataclasses.replace(spec, serving=sv), seed=sc.seed,
+                                  pricing=sc.pricing, file=sc.file)
                 m = simulate_plan(with_rate(plan, qps), estimate=method == "estimate")["metrics"]
                 pr = prices_of(inst, n)
                 cache[key] = FleetPoint(instance=inst.name, precision=lay.precision, tp=lay.tp, pp=lay.pp,
@@ -263,11 +263,12 @@ def plan_capacity(sc: Any, qps: float, instances: Sequence[str] | None = None, *
                 if s is not None]
         if not sims:
             best[name] = None
-            skipped[name] = (f"the estimate's best {min(confirm, len(est))} layout(s) do not meet the SLOs when "
-                             f"simulated with up to {max_replicas} replicas")
+            skipped[name] = (f"the estimate's best {min(confirm, len(est))} layout(s) do not meet the SLOs "
+                             f"when simulated with up to {max_replicas} replicas")
             continue
         best[name] = min(sims, key=lambda p: (p.nodes, p.gpus, p.tp, p.ep))
-    return CapacityPlan(qps=qps, points=tuple(points), best_per_instance=best, skipped=skipped, pricing=options)
+    return CapacityPlan(qps=qps, points=tuple(points), best_per_instance=best, skipped=skipped,
+                        pricing=options)
 
 
 def _first_guess(sc: Any, spec: Any, inst: Any, lay: Layout, qps: float, vgpus: int) -> int:
@@ -278,10 +279,12 @@ def _first_guess(sc: Any, spec: Any, inst: Any, lay: Layout, qps: float, vgpus: 
         sv = dataclasses.replace(spec.serving, replicas=1)
         per = _gpus_per_replica(sc, spec, lay)
         nodes = max(1, math.ceil((per + vgpus) / inst.num_accelerators))
-        plan = build_plan(name=sc.name, model=sc.workload.model, instance=inst, precision=lay.precision, tp=lay.tp,
-                          pp=lay.pp, ep=lay.ep, nodes=nodes, spec=dataclasses.replace(spec, serving=sv),
-                          seed=sc.seed, pricing=sc.pricing, file=sc.file)
-        off = dataclasses.replace(plan.spec, traffic=dataclasses.replace(plan.spec.traffic, arrival="offline"))
+        plan = build_plan(name=sc.name, model=sc.workload.model, instance=inst, precision=lay.precision,
+                          tp=lay.tp, pp=lay.pp, ep=lay.ep, nodes=nodes,
+                          spec=dataclasses.replace(spec, serving=sv), seed=sc.seed, pricing=sc.pricing,
+                          file=sc.file)
+        offline = dataclasses.replace(plan.spec.traffic, arrival="offline")
+        off = dataclasses.replace(plan.spec, traffic=offline)
         per_rep = max(estimate_metrics(dataclasses.replace(plan, spec=off))["requests_per_s"], 1e-9)
     except FmsimError:
         return 1

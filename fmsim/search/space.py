@@ -108,8 +108,9 @@ def candidates(space: SearchSpace, *, moe: bool) -> Iterator[tuple]:
                                     for zero in space.zero:
                                         for rc in space.recompute:
                                             for off in space.offload_activations:
-                                                if not _ruled_out(moe, pp, vpp, ep, rc, off):
-                                                    yield (inst, nodes, tp, pp, vpp, cp, ep, mb, zero, rc, off)
+                                                if _ruled_out(moe, pp, vpp, ep, rc, off):
+                                                    continue
+                                                yield (inst, nodes, tp, pp, vpp, cp, ep, mb, zero, rc, off)
 
 
 def plan_dict(key: tuple) -> dict:
