@@ -54,6 +54,8 @@ class SearchResult:
     winners: dict[str, Ranked] = field(default_factory=dict)   # by instance, estimate's order
     checked: list[Checked] = field(default_factory=list)
     winner: Checked | None = None
+    catalog: Any = field(default=None, repr=False)              # prices the rows
+    explicit_usd_per_hour: float | None = None                  # the scenario's fixed price, if it has one
 
     @property
     def counts(self) -> Counter:
@@ -83,11 +85,8 @@ class SearchResult:
                 out.extend(self._priced(rec["row"], opt) for opt in self.space.pricing)
         return out
 
-    _explicit: float | None = None
-    _catalog: Any = None
-
     def _priced(self, row: Mapping[str, Any], option: str) -> dict[str, Any]:
-        return priced(row, option, self._catalog, self._explicit)
+        return priced(row, option, self.catalog, self.explicit_usd_per_hour)
 
 
 def _base(sc):
@@ -173,8 +172,7 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     goals = (("deadline", deadline_s), ("budget", budget_usd))
     goal = "+".join(g for g, v in goals if v is not None) or "frontier"
     out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
-                       cached=len(found), elapsed_s=0.0)
-    out._catalog, out._explicit = cat, explicit
+                       cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit)
     out.ranked = [Ranked(k, out._priced(rec["row"], opt), rec.get("why", ""))
                   for k, rec in records if rec["status"] == "ok" for opt in space.pricing]
     out.ordered = goal_order(out.ranked, deadline_s=deadline_s, budget_usd=budget_usd)
