@@ -5,6 +5,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fmsim
 from fmsim.errors import ConfigError, FmsimError
@@ -67,6 +69,41 @@ def test_with_plan_equals_loading_the_changed_file(sc):
         else:
             assert got == want, (tp, pp, vpp, mb, nodes)
     assert base == scenario_to_mapping(sc)     # the base scenario is untouched
+
+
+@given(tp=st.sampled_from((1, 2, 3, 4, 8, 16)), pp=st.sampled_from((1, 2, 4, 5, 80, 81)),
+       vpp=st.sampled_from((1, 2, 3)), cp=st.sampled_from((1, 2, 3)), mb=st.sampled_from((1, 2, 3, 128)),
+       zero=st.sampled_from((0, 1, 2, 3)), recompute=st.sampled_from(("none", "selective", "full")),
+       offload=st.sampled_from((0, 1, 80)), instance=st.sampled_from(("p5.48xlarge", "p4d.24xlarge",
+                                                                        "trn2.48xlarge")),
+       nodes=st.sampled_from((1, 2, 3, 8)))
+def test_with_plan_is_the_reader_on_any_plan(tp, pp, vpp, cp, mb, zero, recompute, offload, instance, nodes):
+    """Property: for any plan, with_plan and loading the mapping with those values agree (value or message)."""
+    sc = _EXAMPLE_SC
+    m = scenario_to_mapping(sc)
+    m["cluster"] = {**m["cluster"], "instance": instance, "nodes": nodes}
+    m["workload"]["micro_batch"] = mb
+    par = m["parallelism"]
+    par.pop("recompute_modules", None)
+    par.pop("recompute_layers", None)
+    par.update(tp=tp, pp=pp, vpp=vpp, cp=cp, dp="auto", zero=zero, recompute=recompute,
+               offload_activations=offload, schedule="interleaved" if vpp > 1 else "1f1b")
+    try:
+        want = scenario_from_mapping(m, file=sc.file)
+    except ConfigError as exc:
+        want = exc
+    try:
+        got = with_plan(sc, instance=instance, nodes=nodes, micro_batch=mb, tp=tp, pp=pp, vpp=vpp, cp=cp,
+                        zero=zero, recompute=recompute, offload_activations=offload)
+    except ConfigError as exc:
+        got = exc
+    if isinstance(want, Exception):
+        assert type(got) is type(want) and str(got) == str(want)
+    else:
+        assert got == want
+
+
+_EXAMPLE_SC = load_scenario(EXAMPLE)
 
 
 def test_with_plan_checks_cluster_precision_and_pricing(sc):
