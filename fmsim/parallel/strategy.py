@@ -26,7 +26,7 @@ from ..model.memory import (
     MemoryBreakdown,
     layer_activation_bytes,
     layer_recompute,
-    stage_params,
+    stage_params_cached,
     training_memory,
 )
 from ..model.ops import (
@@ -225,9 +225,15 @@ def _shared_costs(instance: Instance, nodes: int) -> tuple[Instance, dict]:
     return hit[1], hit[2]
 
 
+#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
+CACHED = (stage_params_cached,)
+
+
 def clear_caches() -> None:
     """Forget every cost shared across plans (tests compare cached and uncached evaluations)."""
     _SHARED.clear()
+    for fn in CACHED:
+        fn.cache_clear()
 
 
 class CommCoster:
@@ -406,7 +412,7 @@ def _local_trainable(model: ModelSpec, w, layer_ids: list[int], first: bool, las
     holds them: its TP share and its copies of K/V heads, its experts; under LoRA the adapters alone."""
     if w.lora_rank:
         return sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layer_ids) / tp, 0.0
-    dense, expert = stage_params(model, layer_ids, first, last, pp)
+    dense, expert = stage_params_cached(model, layer_ids, first, last, pp)
     return dense / tp + model.replicated_kv_params(tp) * len(layer_ids), expert / (etp * ep)
 
 
