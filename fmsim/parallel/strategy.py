@@ -232,6 +232,7 @@ CACHED = (stage_params_cached,)
 def clear_caches() -> None:
     """Forget every cost shared across plans (tests compare cached and uncached evaluations)."""
     _SHARED.clear()
+    _STAGES.clear()
     for fn in CACHED:
         fn.cache_clear()
 
@@ -406,6 +407,58 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     return tuple(out)
 
 
+#: the parallel axes whose collectives a layer's passes issue (ops.py's CommRequest axes); the stage costs
+#: of two plans on the same instance with the same shapes on these axes are the same
+_PIECE_AXES = ("tp", "cp", "ep")
+#: stage costs shared across plans: key -> (instance, stages); emptied when it reaches _STAGES_MAX
+_STAGES: dict[tuple, tuple[Instance, tuple[StageCost, ...]]] = {}
+_STAGES_MAX = 4096
+
+
+class _AxisRecorder:
+    """A CommCoster that notes the axes it is asked about (None: a shape given directly)."""
+
+    def __init__(self, coster: CommCoster):
+        self.instance, self.shapes, self.nodes = coster.instance, coster.shapes, coster.nodes
+        self._coster, self.axes = coster, set()
+
+    def request(self, req: CommRequest) -> float:
+        self.axes.add(req.axis)
+        return self._coster.request(req)
+
+    def cost(self, *args, **kwargs) -> float:
+        self.axes.add(None)
+        return self._coster.cost(*args, **kwargs)
+
+
+def _stage_costs_shared(model: ModelSpec, instance: Instance, coster: CommCoster, *, layers: list[list[int]],
+                        offload_s: Mapping[int, float], recomputed: frozenset[int] | None,
+                        **kw) -> tuple[StageCost, ...]:
+    """:func:`build_stage_costs`, shared by the plans of a search that differ only where it does not look
+    (ZeRO stage, node count, data-parallel width). Its inputs are frozen values but the instance (this very
+    object, kept alive by the entry) and the coster, whose costs depend on the instance, the node count and
+    the group shapes of the axes asked: the key holds the shapes of ``_PIECE_AXES``, and the node count only
+    through collective_time's check that each group fits in the cluster (a group that does not is costed
+    afresh, to raise as it did). A result is kept only when its passes asked about those axes alone."""
+    build = lambda c: build_stage_costs(model, instance, c, layers=layers, offload_s=offload_s,  # noqa: E731
+                                        recomputed=recomputed, **kw)
+    shapes = tuple(coster.shapes.get(a) for a in _PIECE_AXES)
+    if any(g is not None and math.ceil(g.size / g.per_node) > coster.nodes for g in shapes):
+        return build(coster)
+    key = (id(instance), model, shapes, tuple(map(tuple, layers)), tuple(sorted(offload_s.items())), recomputed,
+           tuple(sorted(kw.items())))
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is instance:
+        return hit[1]
+    rec = _AxisRecorder(coster)
+    out = build(rec)
+    if rec.axes <= set(_PIECE_AXES):
+        if len(_STAGES) >= _STAGES_MAX:
+            _STAGES.clear()
+        _STAGES[key] = (instance, out)
+    return out
+
+
 def _local_trainable(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bool, *, pp: int, tp: int,
                      ep: int, etp: int) -> tuple[float, float]:
     """(dense, expert) trainable parameters one rank holds for these layers, as its gradient buffer
@@ -504,7 +557,7 @@ def build_plan(sc) -> Plan:
                                          ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
                                          moe_load=w.moe_load, act_input_bytes=act_in)
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
-    stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
+    stages = _stage_costs_shared(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, rs_dgrad=par.overlap.tp_rs_dgrad,
                                recompute_modules=par.recompute_modules,
