@@ -24,7 +24,8 @@ def _plans():
         out.append(sc)
         for v in VARIANTS:
             try:
-                out.append(with_plan(sc, **{**v, "schedule": "interleaved" if v.get("vpp", 1) > 1 else "1f1b"}))
+                schedule = "interleaved" if v.get("vpp", 1) > 1 else "1f1b"
+                out.append(with_plan(sc, **v, schedule=schedule))
             except fmsim.FmsimError:
                 pass          # a variant the scenario's rules refuse: nothing to cost
     return out
@@ -77,4 +78,15 @@ def test_caches_are_bounded(plans):
     strategy.clear_caches()
     for fn in strategy.CACHED:
         assert fn.cache_info().currsize == 0
-    assert not strategy._SHARED
+    assert not strategy._SHARED and not strategy._STAGES and not strategy._PLACED
+    assert strategy._STAGES_MAX <= 10_000 and strategy._PLACED_MAX <= 10_000
+
+
+def test_shared_stage_costs_stay_bounded(plans):
+    """The stage costs and placements shared across plans are emptied when full."""
+    strategy.clear_caches()
+    strategy._STAGES.update(((i,), (None, ())) for i in range(strategy._STAGES_MAX))
+    strategy._PLACED.update(((i,), (None, {})) for i in range(strategy._PLACED_MAX))
+    _evaluate(plans[0])
+    assert len(strategy._STAGES) <= 1 and len(strategy._PLACED) <= 1
+    strategy.clear_caches()

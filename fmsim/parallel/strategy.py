@@ -9,6 +9,7 @@ consume the same Plan, so each checks the other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, all_to_all_time, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
+from ..model.flops import exact_forward_flops_per_token
 from ..model.kernels import BYTES_PER_ELEMENT
 from ..model.memory import (
     OPTIMIZER_BYTES,
@@ -225,14 +227,11 @@ def _shared_costs(instance: Instance, nodes: int) -> tuple[Instance, dict]:
     return hit[1], hit[2]
 
 
-#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
-CACHED = (stage_params_cached,)
-
-
 def clear_caches() -> None:
     """Forget every cost shared across plans (tests compare cached and uncached evaluations)."""
     _SHARED.clear()
     _STAGES.clear()
+    _PLACED.clear()
     for fn in CACHED:
         fn.cache_clear()
 
@@ -445,8 +444,8 @@ def _stage_costs_shared(model: ModelSpec, instance: Instance, coster: CommCoster
     shapes = tuple(coster.shapes.get(a) for a in _PIECE_AXES)
     if any(g is not None and math.ceil(g.size / g.per_node) > coster.nodes for g in shapes):
         return build(coster)
-    key = (id(instance), model, shapes, tuple(map(tuple, layers)), tuple(sorted(offload_s.items())), recomputed,
-           tuple(sorted(kw.items())))
+    key = (id(instance), model, shapes, tuple(map(tuple, layers)), tuple(sorted(offload_s.items())),
+           recomputed, tuple(sorted(kw.items())))
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is instance:
         return hit[1]
@@ -478,6 +477,35 @@ def _fsdp_units(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bo
     dense, expert = _local_trainable(model, w, layer_ids, first, last, pp=pp, tp=tp, ep=ep, etp=etp)
     rest = (dense - sum(d for d, _ in units), expert - sum(e for _, e in units))
     return units + ([rest] if rest[0] > 0 or rest[1] > 0 else [])
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: bool, last: bool, pp: int,
+                       tp: int, ep: int, etp: int) -> tuple[tuple[float, float], ...]:
+    """:func:`_fsdp_units`, memoised on its frozen inputs (the workload whole, so any field it reads is in
+    the key): the plans of a search repeat the same stages under ZeRO-3."""
+    return tuple(_fsdp_units(model, w, list(layer_ids), first, last, pp=pp, tp=tp, ep=ep, etp=etp))
+
+
+#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared)
+
+#: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
+_PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}
+_PLACED_MAX = 4096
+
+
+def _place_shared(instance: Instance, nodes: int, dims: tuple[tuple[str, int], ...], order: tuple[str, ...],
+                  expert_tp: int) -> dict[str, GroupShape]:
+    """:func:`place`, shared by the plans on the same instance object and node count (a copy each time)."""
+    key = (id(instance), nodes, dims, order, expert_tp)
+    hit = _PLACED.get(key)
+    if hit is None or hit[0] is not instance:
+        if len(_PLACED) >= _PLACED_MAX:
+            _PLACED.clear()
+        hit = _PLACED[key] = (instance, place(instance, nodes, dict(dims), order=order, expert_tp=expert_tp))
+    return dict(hit[1])
 
 
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
@@ -527,8 +555,8 @@ def build_plan(sc) -> Plan:
     order = tuple(par.order)
     # experts: their own TP width (Megatron-Core MoE parallel folding) -- tp without EP, 1 with EP
     etp = tp if ep == 1 else 1
-    shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order,
-                        expert_tp=etp))
+    shapes = dict(_place_shared(inst, cl.nodes, (("tp", tp), ("cp", cp), ("ep", ep), ("pp", pp), ("dp", dp)),
+                                order, etp))
     layers = split_layers(model.layers, pp, vpp)
     # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
     recomputed = frozenset(i for chunk in layers for i in chunk[:par.recompute_layers]) \
@@ -604,7 +632,7 @@ def build_plan(sc) -> Plan:
         local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
                                                      etp=etp)
         # ZeRO-3/FSDP's units (and grad_bucket 0's buckets): one per transformer layer, plus the embedding and head
-        units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
+        units = list(_fsdp_units_shared(model, w, tuple(mine), s == 0, s == pp - 1, pp, tp, ep, etp)) \
             if par.zero >= 3 or not par.grad_bucket else []
         if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
             local_dense, local_expert = local_dense + local_expert, 0.0
