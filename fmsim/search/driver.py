@@ -94,7 +94,19 @@ def _base(sc):
     return dataclasses.replace(sc, measured={}, measured_source="", measured_notes={}, expect={})
 
 
+def _by_shared_work(keys: Sequence) -> list:
+    """``keys`` with the plans that share their stage costs side by side (the same plan but for the node
+    count and ZeRO stage), in order of first appearance: a worker's chunk then reuses what it costed (the
+    estimate's caches live in each process) instead of every worker costing every layout again. The
+    records are put back in plan order after."""
+    groups: dict[tuple, list] = {}
+    for k in keys:
+        groups.setdefault((k[0], *k[2:8], *k[9:]), []).append(k)
+    return [k for g in groups.values() for k in g]
+
+
 def _chunks(keys: Sequence, workers: int) -> list[list]:
+    keys = _by_shared_work(keys)
     size = max(32, min(512, len(keys) // max(1, workers * 8) or 1))
     return [list(keys[i:i + size]) for i in range(0, len(keys), size)]
 
