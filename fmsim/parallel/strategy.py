@@ -250,13 +250,15 @@ class CommCoster:
         if shape.size <= 1 or size_bytes <= 0:
             return 0.0
         key = (op, size_bytes, shape, line_rate, skew)
-        if key not in self._memo:
+        hit = self._memo.get(key)      # one lookup: the shared memo may be emptied by another thread's plan
+        if hit is None:
             inst = self._line_rate if line_rate else self.instance
             if op == "all-to-all" and skew != 1.0:
-                self._memo[key] = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
+                hit = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
             else:
-                self._memo[key] = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
-        return self._memo[key].time_s
+                hit = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
+            self._memo[key] = hit
+        return hit.time_s
 
     def request(self, req: CommRequest) -> float:
         return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate, req.skew)
