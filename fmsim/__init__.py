@@ -1,6 +1,6 @@
 """fmsim: capacity-planning simulator for foundation-model work on AWS.
 
-The facade (DESIGN.md "Python API"): ``load_scenario``, ``simulate``, ``estimate``. Imports are
+The facade (DESIGN.md "Python API"): ``load_scenario``, ``simulate``, ``estimate``, ``search``. Imports are
 lazy so that ``import fmsim`` stays cheap for the CLI.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ __all__ = [
     "estimate",
     "load_catalog",
     "load_scenario",
+    "search",
     "simulate",
 ]
 
@@ -38,6 +39,9 @@ def __getattr__(name: str):
     if name in ("simulate", "estimate"):
         from . import api
         return getattr(api, name)
+    if name == "search":  # the plan-search package, callable as fmsim.search(sc, ...) (fmsim.api.search)
+        import importlib
+        return importlib.import_module(".search", __name__)
     if name == "load_catalog":
         from .catalog import load_catalog
         return load_catalog

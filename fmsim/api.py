@@ -116,3 +116,17 @@ def check_sections(sc) -> None:
     check = _workload(sc).check
     if check is not None:
         check(sc)
+
+
+def search(sc, **options):
+    """Plan search over ``sc``: the cheapest or fastest plan across plans, instance types and pricing.
+
+    Training kinds (pretrain, finetune): :func:`fmsim.search.search_training` -- its keyword arguments
+    (``instances``, ``nodes``, ``pricing``, ``deadline_s``, ``budget_usd``, ``top``, ``jobs``, ``dask``,
+    ``cache_dir``, ``axes``) and its :class:`fmsim.search.SearchResult`. Inference:
+    :func:`fmsim.search.serving.plan_capacity` (``qps``, ``instances``, ``pricing``, ``estimate``,
+    ``confirm``) and its ``CapacityPlan``. See docs/search.md.
+    """
+    from .search import search_scenario
+
+    return search_scenario(sc, **options)

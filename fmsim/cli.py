@@ -32,7 +32,7 @@ __all__ = ["build_parser", "expand_paths", "format_column", "main"]
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE, EXIT_INFEASIBLE = 0, 1, 2, 3
 CATALOG_TABLES = ("instances", "accelerators", "models", "storage", "prices", "fabrics")
 # Modules of other engineers that add sub-commands: add_parser(subparsers) and run(args) -> int.
-PLUGIN_MODULES = ("fmsim.cli_collective", "fmsim.cli_plan")
+PLUGIN_MODULES = ("fmsim.cli_collective", "fmsim.cli_plan", "fmsim.cli_search")
 
 
 class _Parser(argparse.ArgumentParser):

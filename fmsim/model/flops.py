@@ -9,6 +9,8 @@ simulator's operator model executes; the named formulas are accounting conventio
 """
 from __future__ import annotations
 
+import functools
+
 from ..errors import ConfigError
 from .architecture import ModelSpec
 
@@ -35,6 +37,7 @@ def matmul_params_per_token(model: ModelSpec) -> tuple[float, float]:
     return layers, float(model.vocab * model.hidden)
 
 
+@functools.lru_cache(maxsize=1024)    # a pure function of frozen inputs, asked once per costed plan
 def exact_forward_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = True) -> float:
     """Forward FLOPs per token: 2 x active matmul weights + attention scores and values.
 

@@ -13,6 +13,7 @@ Sources:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..errors import OutOfMemoryError
@@ -188,7 +189,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     first layers: the last ones are needed first); one offloaded layer's activations are in transit
     on the device at a time. ``recomputed``: with ``recompute`` full, the layers that recompute (keeping
     only their input); the others keep every activation. None = every layer."""
-    dense_params, expert_params = stage_params(model, stage_layers, first, last, pp)
+    dense_params, expert_params = stage_params_cached(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
     dense_params += tp * model.replicated_kv_params(tp) * len(stage_layers)   # K/V heads copied over tp > kv_heads
     local = dense_params / tp + expert_params / (etp * ep)
@@ -223,3 +224,19 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
         logits = 2 * 4.0 * micro_batch * seq_len / cp * model.vocab / tp
     return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits,
                            host_offload=sum(off))
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params_memo(model: ModelSpec, layers: tuple[int, ...], first: bool, last: bool,
+                       pp: int) -> tuple[float, float]:
+    return stage_params(model, list(layers), first, last, pp)
+
+
+def stage_params_cached(model: ModelSpec, layers, first: bool, last: bool, pp: int) -> tuple[float, float]:
+    """:func:`stage_params`, memoised (bounded) on its frozen inputs: a search asks it of the same stages
+    and, under ZeRO-3, of the same single layers for thousands of plans. Same numbers, computed once."""
+    return _stage_params_memo(model, tuple(layers), first, last, pp)
+
+
+stage_params_cached.cache_clear = _stage_params_memo.cache_clear     # type: ignore[attr-defined]
+stage_params_cached.cache_info = _stage_params_memo.cache_info       # type: ignore[attr-defined]

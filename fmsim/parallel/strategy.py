@@ -9,6 +9,7 @@ consume the same Plan, so each checks the other.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ..errors import ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, all_to_all_time, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
+from ..model.flops import exact_forward_flops_per_token
 from ..model.kernels import BYTES_PER_ELEMENT
 from ..model.memory import (
     OPTIMIZER_BYTES,
@@ -26,7 +28,7 @@ from ..model.memory import (
     MemoryBreakdown,
     layer_activation_bytes,
     layer_recompute,
-    stage_params,
+    stage_params_cached,
     training_memory,
 )
 from ..model.ops import (
@@ -200,30 +202,63 @@ def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
     return out
 
 
-class CommCoster:
-    """Collective costs over the placed groups of one plan, memoised (a plan asks the same
-    questions for every layer and stage)."""
+#: Collective costs shared by every plan on the same instance object and node count (a search asks the
+#: same questions of thousands of plans): (id(instance), nodes) -> (instance, its line-rate twin, memo).
+#: Bounded: at most _SHARED_CLUSTERS clusters, each memo cleared when it reaches _SHARED_COSTS entries.
+_SHARED: dict[tuple[int, int], tuple[Instance, Instance, dict[tuple, CollectiveCost]]] = {}
+_SHARED_CLUSTERS = 64
+_SHARED_COSTS = 50_000
 
-    def __init__(self, instance: Instance, shapes: Mapping[str, GroupShape], nodes: int):
-        self.instance, self.shapes, self.nodes = instance, shapes, nodes
+
+def _shared_costs(instance: Instance, nodes: int) -> tuple[Instance, dict]:
+    """(line-rate instance, cost memo) shared by the plans on ``instance`` (this very object: an
+    Instance holds a dict, so it is not hashable, and the entry keeps it alive, so its id stays its own)."""
+    hit = _SHARED.get((id(instance), nodes))
+    if hit is None or hit[0] is not instance:
+        if len(_SHARED) >= _SHARED_CLUSTERS:
+            _SHARED.clear()
         # DeepEP-class dispatch reaches the NIC's line rate over RDMA (deepseek-ai/DeepEP README,
         # V1 table on H800 + CX7 400 Gb/s "~50 GB/s maximum": internode EP16/32/64 dispatch 43/58/51,
         # combine 43/57/50 GB/s), where NCCL's collectives reach the fabric's calibrated efficiency
-        self._line_rate = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
-        self._memo: dict[tuple[str, float, GroupShape, bool, float], CollectiveCost] = {}
+        line = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
+        hit = _SHARED[(id(instance), nodes)] = (instance, line, {})
+    if len(hit[2]) >= _SHARED_COSTS:
+        hit[2].clear()
+    return hit[1], hit[2]
+
+
+def clear_caches() -> None:
+    """Forget every cost shared across plans (tests compare cached and uncached evaluations)."""
+    _SHARED.clear()
+    _STAGES.clear()
+    _PLACED.clear()
+    for fn in CACHED:
+        fn.cache_clear()
+
+
+class CommCoster:
+    """Collective costs over the placed groups of one plan, memoised (a plan asks the same
+    questions for every layer and stage; the memo is shared with every plan on the same instance and
+    node count: a cost depends on the op, size, group shape, instance and nodes alone)."""
+
+    def __init__(self, instance: Instance, shapes: Mapping[str, GroupShape], nodes: int):
+        self.instance, self.shapes, self.nodes = instance, shapes, nodes
+        self._line_rate, self._memo = _shared_costs(instance, nodes)
 
     def cost(self, op: str, size_bytes: float, shape: GroupShape, line_rate: bool = False,
              skew: float = 1.0) -> float:
         if shape.size <= 1 or size_bytes <= 0:
             return 0.0
         key = (op, size_bytes, shape, line_rate, skew)
-        if key not in self._memo:
+        hit = self._memo.get(key)      # one lookup: the shared memo may be emptied by another thread's plan
+        if hit is None:
             inst = self._line_rate if line_rate else self.instance
             if op == "all-to-all" and skew != 1.0:
-                self._memo[key] = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
+                hit = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
             else:
-                self._memo[key] = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
-        return self._memo[key].time_s
+                hit = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
+            self._memo[key] = hit
+        return hit.time_s
 
     def request(self, req: CommRequest) -> float:
         return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate, req.skew)
@@ -373,13 +408,65 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     return tuple(out)
 
 
+#: the parallel axes whose collectives a layer's passes issue (ops.py's CommRequest axes); the stage costs
+#: of two plans on the same instance with the same shapes on these axes are the same
+_PIECE_AXES = ("tp", "cp", "ep")
+#: stage costs shared across plans: key -> (instance, stages); emptied when it reaches _STAGES_MAX
+_STAGES: dict[tuple, tuple[Instance, tuple[StageCost, ...]]] = {}
+_STAGES_MAX = 4096
+
+
+class _AxisRecorder:
+    """A CommCoster that notes the axes it is asked about (None: a shape given directly)."""
+
+    def __init__(self, coster: CommCoster):
+        self.instance, self.shapes, self.nodes = coster.instance, coster.shapes, coster.nodes
+        self._coster, self.axes = coster, set()
+
+    def request(self, req: CommRequest) -> float:
+        self.axes.add(req.axis)
+        return self._coster.request(req)
+
+    def cost(self, *args, **kwargs) -> float:
+        self.axes.add(None)
+        return self._coster.cost(*args, **kwargs)
+
+
+def _stage_costs_shared(model: ModelSpec, instance: Instance, coster: CommCoster, *, layers: list[list[int]],
+                        offload_s: Mapping[int, float], recomputed: frozenset[int] | None,
+                        **kw) -> tuple[StageCost, ...]:
+    """:func:`build_stage_costs`, shared by the plans of a search that differ only where it does not look
+    (ZeRO stage, node count, data-parallel width). Its inputs are frozen values but the instance (this very
+    object, kept alive by the entry) and the coster, whose costs depend on the instance, the node count and
+    the group shapes of the axes asked: the key holds the shapes of ``_PIECE_AXES``, and the node count only
+    through collective_time's check that each group fits in the cluster (a group that does not is costed
+    afresh, to raise as it did). A result is kept only when its passes asked about those axes alone."""
+    build = lambda c: build_stage_costs(model, instance, c, layers=layers, offload_s=offload_s,  # noqa: E731
+                                        recomputed=recomputed, **kw)
+    shapes = tuple(coster.shapes.get(a) for a in _PIECE_AXES)
+    if any(g is not None and math.ceil(g.size / g.per_node) > coster.nodes for g in shapes):
+        return build(coster)
+    key = (id(instance), model, shapes, tuple(map(tuple, layers)), tuple(sorted(offload_s.items())),
+           recomputed, tuple(sorted(kw.items())))
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is instance:
+        return hit[1]
+    rec = _AxisRecorder(coster)
+    out = build(rec)
+    if rec.axes <= set(_PIECE_AXES):
+        if len(_STAGES) >= _STAGES_MAX:
+            _STAGES.clear()
+        _STAGES[key] = (instance, out)
+    return out
+
+
 def _local_trainable(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bool, *, pp: int, tp: int,
                      ep: int, etp: int) -> tuple[float, float]:
     """(dense, expert) trainable parameters one rank holds for these layers, as its gradient buffer
     holds them: its TP share and its copies of K/V heads, its experts; under LoRA the adapters alone."""
     if w.lora_rank:
         return sum(model.lora_params(i, w.lora_rank, w.lora_modules) for i in layer_ids) / tp, 0.0
-    dense, expert = stage_params(model, layer_ids, first, last, pp)
+    dense, expert = stage_params_cached(model, layer_ids, first, last, pp)
     return dense / tp + model.replicated_kv_params(tp) * len(layer_ids), expert / (etp * ep)
 
 
@@ -392,6 +479,35 @@ def _fsdp_units(model: ModelSpec, w, layer_ids: list[int], first: bool, last: bo
     dense, expert = _local_trainable(model, w, layer_ids, first, last, pp=pp, tp=tp, ep=ep, etp=etp)
     rest = (dense - sum(d for d, _ in units), expert - sum(e for _, e in units))
     return units + ([rest] if rest[0] > 0 or rest[1] > 0 else [])
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: bool, last: bool, pp: int,
+                       tp: int, ep: int, etp: int) -> tuple[tuple[float, float], ...]:
+    """:func:`_fsdp_units`, memoised on its frozen inputs (the workload whole, so any field it reads is in
+    the key): the plans of a search repeat the same stages under ZeRO-3."""
+    return tuple(_fsdp_units(model, w, list(layer_ids), first, last, pp=pp, tp=tp, ep=ep, etp=etp))
+
+
+#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared)
+
+#: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
+_PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}
+_PLACED_MAX = 4096
+
+
+def _place_shared(instance: Instance, nodes: int, dims: tuple[tuple[str, int], ...], order: tuple[str, ...],
+                  expert_tp: int) -> dict[str, GroupShape]:
+    """:func:`place`, shared by the plans on the same instance object and node count (a copy each time)."""
+    key = (id(instance), nodes, dims, order, expert_tp)
+    hit = _PLACED.get(key)
+    if hit is None or hit[0] is not instance:
+        if len(_PLACED) >= _PLACED_MAX:
+            _PLACED.clear()
+        hit = _PLACED[key] = (instance, place(instance, nodes, dict(dims), order=order, expert_tp=expert_tp))
+    return dict(hit[1])
 
 
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
@@ -441,8 +557,8 @@ def build_plan(sc) -> Plan:
     order = tuple(par.order)
     # experts: their own TP width (Megatron-Core MoE parallel folding) -- tp without EP, 1 with EP
     etp = tp if ep == 1 else 1
-    shapes = dict(place(inst, cl.nodes, {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}, order=order,
-                        expert_tp=etp))
+    shapes = dict(_place_shared(inst, cl.nodes, (("tp", tp), ("cp", cp), ("ep", ep), ("pp", pp), ("dp", dp)),
+                                order, etp))
     layers = split_layers(model.layers, pp, vpp)
     # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
     recomputed = frozenset(i for chunk in layers for i in chunk[:par.recompute_layers]) \
@@ -471,7 +587,7 @@ def build_plan(sc) -> Plan:
                                          ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
                                          moe_load=w.moe_load, act_input_bytes=act_in)
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
-    stages = build_stage_costs(model, inst, coster, layers=layers, shard=shard,
+    stages = _stage_costs_shared(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, rs_dgrad=par.overlap.tp_rs_dgrad,
                                recompute_modules=par.recompute_modules,
@@ -518,7 +634,7 @@ def build_plan(sc) -> Plan:
         local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
                                                      etp=etp)
         # ZeRO-3/FSDP's units (and grad_bucket 0's buckets): one per transformer layer, plus the embedding and head
-        units = _fsdp_units(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep, etp=etp) \
+        units = list(_fsdp_units_shared(model, w, tuple(mine), s == 0, s == pp - 1, pp, tp, ep, etp)) \
             if par.zero >= 3 or not par.grad_bucket else []
         if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
             local_dense, local_expert = local_dense + local_expert, 0.0

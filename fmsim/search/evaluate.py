@@ -1,0 +1,99 @@
+"""Evaluating one candidate plan: the reader's rules, then the analytical estimate.
+
+Owns :class:`Evaluator`, which a worker process (or the search's own process) holds: the validated
+base scenario, the catalog, and the clusters it has checked already (one per instance and node count).
+For a plan key it derives the variant with :func:`fmsim.scenario.with_plan` -- the scenario reader's own
+checks of what changed, so a plan refused here is refused when its file is loaded, with the same
+message -- and costs it with :func:`fmsim.estimate`. What comes back is a plain, JSON-able record:
+
+* ``{"status": "ok", "row": ..., "why": ...}``: the result columns (``Result.to_dict()``, as
+  ``fmsim run --csv`` writes them, priced under the base scenario's pricing) and the bottleneck sentence;
+* ``{"status": "memory", "row": ..., "reason": ...}``: costed, but the memory model says it does not fit;
+* ``{"status": "rule", "field": ..., "reason": ...}``: refused by a rule of the reader or the planner
+  (divisibility, batch, schedule) before anything was costed.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import FmsimError
+from .space import plan_dict
+
+
+class Evaluator:
+    """Evaluates plan keys against one base scenario (see the module docstring)."""
+
+    def __init__(self, base, catalog=None):
+        from ..catalog import load_catalog
+
+        from ..scenario import scenario_to_mapping
+
+        self.base = base
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self._mapping = scenario_to_mapping(base, catalog=self.catalog)
+        self._clusters: dict[tuple[str, int], Any] = {}
+
+    def _cluster(self, instance: str, nodes: int):
+        from ..scenario import plan_cluster
+
+        key = (instance, nodes)
+        if key not in self._clusters:
+            try:
+                self._clusters[key] = plan_cluster(self.base, instance=instance, nodes=nodes,
+                                                   catalog=self.catalog)
+            except FmsimError as exc:
+                self._clusters[key] = exc
+        return self._clusters[key]
+
+    def variant(self, key: Sequence):
+        """The scenario of plan ``key`` (raises the reader's error when a rule refuses it)."""
+        from ..scenario import with_plan
+
+        p = plan_dict(tuple(key))
+        cluster = self._cluster(p["instance"], p["nodes"])
+        if isinstance(cluster, Exception):
+            raise cluster
+        return with_plan(self.base, cluster=cluster, micro_batch=p["micro_batch"], catalog=self.catalog,
+                         mapping=self._mapping,
+                         tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"], ep=p["ep"], zero=p["zero"],
+                         recompute=p["recompute"], offload_activations=p["offload_activations"],
+                         dp_shard="auto")
+
+    def __call__(self, key: Sequence) -> dict[str, Any]:
+        from .. import api
+
+        try:
+            sc = self.variant(key)
+            res = api.estimate(sc)
+        except FmsimError as exc:
+            return {"status": "rule", "field": getattr(exc, "field", None) or "",
+                    "reason": getattr(exc, "message", None) or str(exc)}
+        row = res.to_dict()
+        if not row.get("fits", True):
+            reason = res.details.get("memory_error") or res.details.get("bottleneck", "does not fit")
+            return {"status": "memory", "row": row, "reason": reason}
+        return {"status": "ok", "row": row, "why": res.details.get("bottleneck", "")}
+
+
+# worker-process state: one Evaluator per process, set by the pool's initializer
+_WORKER: Evaluator | None = None
+
+
+def init_worker(base, ignore_sigint: bool = True) -> None:
+    """Process-pool initializer: hold ``base`` once per worker; leave Ctrl-C to the parent."""
+    global _WORKER
+    if ignore_sigint:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _WORKER = Evaluator(base)
+
+
+def evaluate_chunk(keys: Sequence[Sequence], base=None) -> list[dict[str, Any]]:
+    """Records of ``keys``, in order (in a worker: its :class:`Evaluator`; or one built on ``base``)."""
+    global _WORKER
+    if base is not None and (_WORKER is None or _WORKER.base is not base):
+        _WORKER = Evaluator(base)
+    assert _WORKER is not None, "evaluate_chunk needs init_worker or a base scenario"
+    return [_WORKER(k) for k in keys]
