@@ -19,15 +19,16 @@ SMALL_8B = ROOT / "scenarios/examples/serving-llama3.1-8b-g6e.yaml"
 
 
 def test_p4de_fleet_is_not_sized_at_the_smallest_tp():
-    """Issue 29: at 50 requests/s the smallest TP that fits (2) needs about 20 p4de nodes by the estimate; the
-    search tries TP 4 and 8 too and answers with far fewer."""
+    """Issue 29: at 50 requests/s the smallest TP that fits (2) needs about 17-20 p4de nodes by the estimate
+    (17 since the A100 GEMM figure is mamf-finder's 0.87); the search tries TP 4 and 8 too and answers with
+    far fewer (7)."""
     sc = load_scenario(CHAT_70B)
     plan = plan_capacity(sc, 50.0, ["p4de.24xlarge"], estimate=True)
     best = plan.best_per_instance["p4de.24xlarge"]
     assert best is not None and best.slo_met and best.tp > 2
     tp2 = [p for p in plan.points if p.tp == 2 and p.slo_met]
-    assert tp2 and min(p.nodes for p in tp2) >= 18
     assert best.nodes <= 10
+    assert tp2 and min(p.nodes for p in tp2) >= 2 * best.nodes
     assert {p.tp for p in plan.points} >= {2, 4, 8}
 
 
