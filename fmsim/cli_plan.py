@@ -45,6 +45,9 @@ def add_parser(subparsers: Any) -> None:
                    help="layouts per instance type the simulation re-sizes, best by the estimate first "
                         "(default 2)")
     p.add_argument("--max-replicas", type=int, default=512, help="stop searching beyond this many replicas")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar of the fleets evaluated on stderr (default: only when stderr is a "
+                        "terminal)")
 
 
 def _fmt(v: Any, col: str) -> str:
@@ -105,8 +108,14 @@ def run(args: argparse.Namespace) -> int:
     pricing = parse_names("--pricing", args.pricing, PRICING_OPTIONS) if args.pricing else None
     if args.confirm < 1:
         raise ConfigError(f"--confirm {args.confirm} must be >= 1")
-    plan = plan_capacity(sc, args.qps, instances, estimate=args.estimate, max_replicas=args.max_replicas,
-                         pricing=pricing, confirm=args.confirm)
+    from tqdm import tqdm
+
+    from .cli import _progress
+
+    with tqdm(disable=not _progress(args), file=sys.stderr, unit="fleet", desc="fleets evaluated",
+              dynamic_ncols=True, mininterval=0.5) as bar:
+        plan = plan_capacity(sc, args.qps, instances, estimate=args.estimate, max_replicas=args.max_replicas,
+                             pricing=pricing, confirm=args.confirm, on_point=lambda _p: bar.update())
     print(render(plan))
     found = any(p is not None for p in plan.best_per_instance.values())
     if not found:

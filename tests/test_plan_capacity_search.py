@@ -98,3 +98,20 @@ def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     rc = main(args)
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_progress_counts_the_fleets_on_stderr_and_stdout_keeps_the_report(capsys):
+    """Issue 31 item 16: plan-capacity draws a progress bar (tqdm) of the fleets it evaluates on stderr when
+    asked (or when stderr is a terminal); the report stays on stdout and the bar counts every fleet."""
+    sc = load_scenario(SMALL_8B)
+    seen = []
+    plan = plan_capacity(sc, 20.0, ["g6e.48xlarge"], estimate=True, on_point=seen.append)
+    assert tuple(seen) == tuple(plan.points) and seen
+    rc = main(["plan-capacity", str(SMALL_8B), "--qps", "20", "--instances", "g6e.48xlarge", "--estimate",
+               "--progress"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "fleets evaluated" in err and f"{len(seen)}fleet" in err.replace(" ", "")
+    assert "fleets evaluated" not in out
+    rc = main(["plan-capacity", str(SMALL_8B), "--qps", "20", "--instances", "g6e.48xlarge", "--estimate",
+               "--no-progress"])
+    assert rc == 0 and "fleets evaluated" not in capsys.readouterr().err

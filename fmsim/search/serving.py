@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,8 +148,9 @@ def _verifier_gpus(spec: Any) -> int:
 
 def plan_capacity(sc: Any, qps: float, instances: Sequence[str] | None = None, *, estimate: bool = False,
                   max_replicas: int = 512, pricing: Sequence[str] | None = None,
-                  confirm: int = 2) -> CapacityPlan:
-    """The cheapest fleet per instance type meeting ``sc``'s SLOs at ``qps`` (see the module docstring)."""
+                  confirm: int = 2, on_point: Callable[[FleetPoint], None] | None = None) -> CapacityPlan:
+    """The cheapest fleet per instance type meeting ``sc``'s SLOs at ``qps`` (see the module docstring);
+    ``on_point`` is called with each fleet as it is evaluated (the CLI's progress bar)."""
     from ..catalog import PRICING_OPTIONS, load_catalog, suggest
     from ..workloads.inference import build_plan, simulate_plan, with_rate
     from ..workloads.inference_spec import parse_inference_spec
@@ -214,6 +215,8 @@ def plan_capacity(sc: Any, qps: float, instances: Sequence[str] | None = None, *
                                         usd_per_hour=pr[options[0]], slo_met=bool(m.get("slo_met")),
                                         method=method, metrics=m, prices=pr)
                 points.append(cache[key])
+                if on_point is not None:
+                    on_point(cache[key])
             return cache[key]
 
         def smallest(lay: Layout, method: str, start: int, inst=inst, unit=unit) -> FleetPoint | None:
