@@ -174,3 +174,27 @@ def test_the_checks_catch_what_they_are_for():
     ]
     assert fmsim_misuse("import fmsim\nfmsim.simulate(x)\nfmsim.load_scenario(p)", "a.py") == []
     assert api_calls("import fmsim\nr = fmsim.estimate(sc)", "p.py") == ["p.py:2: fmsim.estimate"]
+
+
+# The scenario reader's submodules, in the one direction they may import each other (docs/design-notes.md).
+SCENARIO_ORDER = ("schema", "yaml_safe", "reader", "metrics", "workload", "cluster", "parallelism", "run",
+                  "spec", "writer", "variants", "__init__")
+
+
+def scenario_back_imports(source: str, module: str) -> list[str]:
+    """``module``'s imports of sibling modules of fmsim.scenario that do not come before it."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            sibling = (node.module or "").split(".")[0]
+            if sibling and SCENARIO_ORDER.index(sibling) >= SCENARIO_ORDER.index(module):
+                out.append(f"{module}.py:{node.lineno}: imports .{sibling}")
+    return out
+
+
+def test_the_scenario_package_imports_its_modules_one_way():
+    files = sorted((PACKAGE / "scenario").glob("*.py"))
+    assert {p.stem for p in files} == set(SCENARIO_ORDER)
+    assert [v for p in files for v in scenario_back_imports(p.read_text(), p.stem)] == []
+    back = scenario_back_imports("from .variants import with_plan\nfrom .reader import _Section", "workload")
+    assert back == ["workload.py:1: imports .variants"]

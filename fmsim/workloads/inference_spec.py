@@ -5,7 +5,7 @@ mean" for unknown keys) and the frozen specs the serving simulator consumes. Len
 distributions (fixed, uniform, normal, lognormal, empirical CSV) live here too, with their seeded
 samplers. The field reference is ``docs/serving.md``.
 
-``fmsim/scenario.py`` hands these sections over raw (``Scenario.extra``); :func:`parse_inference_spec`
+``fmsim/scenario/`` hands these sections over raw (``Scenario.extra``); :func:`parse_inference_spec`
 turns them into an :class:`InferenceSpec`.
 """
 from __future__ import annotations

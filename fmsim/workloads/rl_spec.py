@@ -8,7 +8,7 @@ by the serving reader), the placement of generation and training on GPU pools, o
 how trained weights reach the generation engines. Errors are one located line
 (``file: rl.prompts: ...``). The field reference is ``docs/rl.md``.
 
-``fmsim/scenario.py`` keeps the section raw in ``Scenario.extra``; :func:`parse_rl_spec` turns it
+``fmsim/scenario/`` keeps the section raw in ``Scenario.extra``; :func:`parse_rl_spec` turns it
 into an :class:`RLSpec`. The training parallelism is the scenario's own ``parallelism:``.
 """
 
