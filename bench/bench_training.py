@@ -47,10 +47,10 @@ def main() -> None:
     grid = list(itertools.product([4, 8], [8, 16, 32], [1, 2], [1, 2]))
     plans = []
     for tp, pp, mb, vpp in grid:
-        p = fmsim.load_scenario(BASE, overrides={
-            **OVERRIDES, "parallelism.tp": tp, "parallelism.pp": pp, "workload.micro_batch": mb,
-            "parallelism.vpp": vpp, "parallelism.schedule": "interleaved" if vpp > 1 else "1f1b"})
-        try:
+        try:   # the reader refuses some (interleaved micro-batches not in groups of pp), the estimate others
+            p = fmsim.load_scenario(BASE, overrides={
+                **OVERRIDES, "parallelism.tp": tp, "parallelism.pp": pp, "workload.micro_batch": mb,
+                "parallelism.vpp": vpp, "parallelism.schedule": "interleaved" if vpp > 1 else "1f1b"})
             fmsim.estimate(p)
         except fmsim.FmsimError:
             continue
