@@ -80,6 +80,8 @@ def format_column(col: str, value: Any) -> str:
         return format_quantity(v, "s")
     if col.endswith("_bytes"):
         return format_quantity(v, "bytes")
+    if abs(v) >= 1e4:     # a count held as a float (trained tokens per step): 2.6 M, not 2.6e+06
+        return format_quantity(v, "count")
     return f"{v:.4g}"
 
 

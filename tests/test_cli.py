@@ -443,6 +443,9 @@ def test_format_column_uses_the_unit_in_the_name():
     assert format_column("fits", False) == "no"
     assert format_column("gpus", 16384) == "16,384"
     assert format_column("price_date", "") == "-" and format_column("hfu", None) == "-"
+    # a large count held as a float prints with a unit prefix, not in exponent form
+    assert format_column("trained_tokens_per_step", 2.6e6) == "2.6 M"
+    assert format_column("goodput", 0.9571) == "0.9571"
 
 
 def test_console_script_module_never_shows_a_traceback(tmp_path):
