@@ -230,6 +230,30 @@ def test_the_cp_exchange_and_gradient_bucket_knobs_reach_the_scenario_as_the_api
     assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"])
 
 
+def test_the_stack_picker_supplies_what_the_base_file_leaves_unstated_as_the_api_does(tmp_path):
+    at = open_page("1_Training.py")
+    picker = at.selectbox(key="train.stack")
+    assert picker.value == logic.FILE_STACK and "megatron-lm-2021" in picker.options
+    assert "vllm-v1" not in picker.options                          # serving stacks are not offered
+    before = shown(at)["Step time"]
+    base = fmsim.load_scenario(LLAMA)
+    assert "workload.attention_kernel" not in base.stated          # the file leaves it to the default
+    picker.set_value("megatron-lm-2021").run()                      # Megatron-LM v2.5: unfused attention
+    assert not at.exception and not at.error
+    res = training_expect({"stack": "megatron-lm-2021", "parallelism.dp": "auto"})
+    assert shown(at)["Step time"] == logic.fmt_time(res.metrics["step_time_s"]) != before
+    assert "attention_kernel: unfused" in texts(at.sidebar.caption)
+    path = tmp_path / "whatif.yaml"
+    path.write_text(at.session_state["train.whatif_yaml"])
+    again = fmsim.load_scenario(path)
+    assert again.stack == "megatron-lm-2021" and again.workload.attention_kernel == "unfused"
+    # the file's own settings still win over the picked stack (megatron-lm-2021 ships no overlapped reduce)
+    assert again.parallelism.overlap.grad_reduce == base.parallelism.overlap.grad_reduce
+    assert fmsim.simulate(again).metrics["step_time_s"] == res.metrics["step_time_s"]
+    picker.set_value(logic.FILE_STACK).run()
+    assert shown(at)["Step time"] == before
+
+
 def test_a_plan_that_does_not_fit_says_so_and_how_to_make_it_fit():
     at = open_page("1_Training.py")
     at.select_slider(key="train.tp").set_value(1)

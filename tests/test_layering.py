@@ -29,6 +29,7 @@ ALLOWED_FROM = {
     "fmsim.scenario": {"scenario_from_mapping", "scenario_to_mapping", "load_yaml_text", "MAX_FILE_BYTES"},
     "fmsim.export": {"csv_text"},
     "fmsim.catalog": {"data_root"},
+    "fmsim.stacks": {"SETTABLE", "lookup", "stack_defaults"},   # the stack picker: which fields a stack sets
 }
 API_CALLS = ("simulate", "estimate")
 API_MODULE = APP / "explorer" / "logic.py"

@@ -39,9 +39,33 @@ def test_the_issue_s_stacks_are_in_the_catalog():
     names = set(load_catalog().stacks)
     for needed in ("megatron-lm-2021", "megatron-lm-2022", "megatron-core-0.8", "nemo-24.07", "nemo-25.04",
                    "megatron-bridge-25.11", "mlperf-v4.0-gpt3", "mlperf-v5.1-llama31-405b", "deepspeed-0.5",
-                   "deepspeed-0.16", "torchtitan-0.2", "llm-foundry-2023", "vllm-0.6", "vllm-v1",
+                   "deepspeed-0.16", "torchtitan-0.2", "llm-foundry-2023", "olmo-core-2.5", "nanotron-0.5",
+                   "accelerate-1.14", "lightning-2.6", "pytorch-fsdp2-example", "vllm-0.6", "vllm-v1",
                    "sglang-0.4", "trtllm-0.17"):
         assert needed in names
+
+
+def test_the_pytorch_native_trainers_resolve_their_own_defaults_per_recipe():
+    """Issue 27 item 2's PyTorch-native trainers: each sets only what its own code's defaults determine."""
+    def resolved(stack, precision):
+        data = _with(stack=stack)
+        data["workload"]["precision"] = precision
+        return scenario_from_mapping(data)
+    olmo = resolved("olmo-core-2.5", "bf16")
+    assert (olmo.parallelism.grad_bucket, olmo.parallelism.grad_reduce_precision) == (0, "fp32")   # 0: one bucket per FSDP unit
+    assert (olmo.workload.attention_kernel, olmo.workload.cross_entropy) == ("flash2", "unfused")
+    nanotron = resolved("nanotron-0.5", "bf16")
+    assert (nanotron.workload.attention_kernel, nanotron.workload.cross_entropy) == ("flash2", "unfused")
+    assert "parallelism.grad_bucket" not in nanotron.stated      # not determined by its code: left unstated
+    for stack in ("accelerate-1.14", "lightning-2.6"):
+        # FSDP's MixedPrecision reduce_dtype follows the mixed-precision dtype
+        assert resolved(stack, "bf16").parallelism.grad_reduce_precision == "bf16"
+        assert resolved(stack, "fp16").parallelism.grad_reduce_precision == "fp16"
+        assert "workload.attention_kernel" not in resolved(stack, "bf16").stated   # the user's model's
+    assert "parallelism.grad_reduce_precision" not in resolved("lightning-2.6", "fp8").stated
+    plain = resolved("pytorch-fsdp2-example", "bf16")
+    assert (plain.parallelism.grad_bucket, plain.parallelism.grad_reduce_precision) == (0, "fp32")
+    assert plain.workload.attention_kernel == "flash2" and "workload.cross_entropy" not in plain.stated
 
 
 def test_a_stack_supplies_what_the_file_leaves_out_and_the_file_wins():

@@ -30,6 +30,7 @@ import fmsim
 from fmsim.catalog import data_root
 from fmsim.export import csv_text
 from fmsim.scenario import MAX_FILE_BYTES, load_yaml_text, scenario_from_mapping, scenario_to_mapping
+from fmsim.stacks import SETTABLE, lookup, stack_defaults
 
 from .formats import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
     finite,
@@ -198,7 +199,45 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
         # activation offloading needs pp 1, no recompute and the base's host link: a knob that
         # leaves any of them drops it (Megatron-Core refuses the combinations)
         par.pop("offload_activations", None)
+    if knobs.get("stack"):
+        drop_inherited(data, load_yaml_text(text, file=file) or {})
     return scenario_from_mapping(data, file=file, overrides=knobs)
+
+
+#: the stack picker's first choice: the base file's own ``stack:`` (or none)
+FILE_STACK = "(file's own)"
+
+
+def drop_inherited(data: dict[str, Any], raw: Mapping[str, Any]) -> None:
+    """Drop from the canonical mapping ``data`` every stack-settable field (``fmsim.stacks.SETTABLE``) the
+    base file's own YAML ``raw`` does not state: those came from its stack or the global default, and a
+    stack picked in the what-if should supply them instead (the file's own fields still win)."""
+    for path in SETTABLE:
+        if lookup(raw, path) is not None:
+            continue
+        *parents, leaf = path.split(".")
+        chain = [data]
+        for part in parents:
+            node = chain[-1].get(part)
+            if not isinstance(node, dict):
+                break
+            chain.append(node)
+        else:
+            chain[-1].pop(leaf, None)
+            for parent, part in zip(reversed(chain[:-1]), reversed(parents)):  # no empty section left
+                if not parent[part]:
+                    parent.pop(part)
+
+
+def stack_sets(name: str, precision: str) -> list[str]:
+    """What training stack ``name`` sets for a file of ``precision``: ``field: value`` strings."""
+    defaults = stack_defaults(fmsim.load_catalog().stack(name), precision)
+    return [f"{p.split('.')[-1]}: {lookup(defaults, p)}" for p in SETTABLE if lookup(defaults, p) is not None]
+
+
+def training_stacks() -> list[str]:
+    """The stack picker's choices: the file's own, then the catalog's training stacks."""
+    return [FILE_STACK] + sorted(n for n, p in fmsim.load_catalog().stacks.items() if p.kind == "training")
 
 
 def scenario_yaml(sc: Any) -> str:

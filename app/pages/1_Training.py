@@ -44,6 +44,7 @@ PATHS = {
     "recompute_layers": "parallelism.recompute_layers",
     "schedule": "parallelism.schedule",
     "sequence_parallel": "parallelism.sequence_parallel",
+    "stack": "stack",
 }
 
 widgets.page_setup("Training", ":material/model_training:")
@@ -78,6 +79,7 @@ def knob_defaults(sc, cat) -> dict:
         "recompute_layers": par.recompute_layers,
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
+        "stack": logic.FILE_STACK,
     }
 
 
@@ -100,6 +102,7 @@ def knob_choices(defaults: dict, cat) -> dict:
         "moe_imbalance": logic.AtLeast(1.0),
         "recompute_layers": logic.AtLeast(0),
         "dp_shard": logic.AtLeast(0),
+        "stack": logic.training_stacks(),
     }
 
 
@@ -216,6 +219,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         "0 = all of dp.",
     )
     sb.checkbox("Sequence parallel", key=f"{P}.sequence_parallel")
+    stack_picker()
     widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Batch**")
     c1, c2, c3 = sb.columns(3)
@@ -226,6 +230,22 @@ def draw_knobs(defaults: dict, cat) -> None:
         "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
     )
     widgets.name_knob(P)
+
+
+def stack_picker() -> None:
+    """The software stack (stack_catalog/): it supplies the settings the base file does not state itself."""
+    sb = st.sidebar
+    sb.selectbox(
+        "Software stack",
+        logic.training_stacks(),
+        key=f"{P}.stack",
+        help="A framework release's shipped defaults (`fmsim catalog stacks`): they replace the settings the "
+        "base file leaves to its own stack or to fmsim's defaults; the file's own settings still win.",
+    )
+    picked = st.session_state[f"{P}.stack"]
+    if picked != logic.FILE_STACK:
+        sets = logic.stack_sets(picked, st.session_state[f"{P}.precision"])
+        sb.caption(f"`{picked}` sets " + (", ".join(sets) if sets else "nothing the schema has") + ".")
 
 
 def main() -> None:
