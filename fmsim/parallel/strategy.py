@@ -490,15 +490,8 @@ def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: b
     return tuple(_fsdp_units(model, w, list(layer_ids), first, last, pp=pp, tp=tp, ep=ep, etp=etp))
 
 
-@functools.lru_cache(maxsize=4096)
-def _training_memory_shared(model: ModelSpec, **kw) -> MemoryBreakdown:
-    """:func:`training_memory`, memoised on its frozen inputs (``stage_layers`` a tuple): it reads no
-    instance, so a search's plans on different instance types with the same layout ask it the same."""
-    return training_memory(model, **kw)
-
-
 #: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
-CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, _training_memory_shared)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared)
 
 #: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
 _PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}
@@ -691,7 +684,7 @@ def build_plan(sc) -> Plan:
         # only under ZeRO-3/FSDP)
         step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
         opt.append(step_bytes / hbm)
-        mem_s = _training_memory_shared(model, stage_layers=tuple(mine), first=s == 0, last=s == pp - 1,
+        mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,
                                    ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
                                    recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
