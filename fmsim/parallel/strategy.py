@@ -642,22 +642,36 @@ def build_plan(sc) -> Plan:
 
         # the gradient buckets: grad_bucket parameters each, or one per unit with grad_bucket 0, as PyTorch
         # FSDP reduces each wrapped block's gradients in one collective
+        # a stage's units repeat (every transformer layer alike): each distinct unit's buckets and
+        # gathers are priced once and then laid down in the units' order, the same numbers in the same order
         times: list[float] = []
-        for dense, expert in (units if not par.grad_bucket else [(local_dense, local_expert)]):
-            for params, shape in ((dense, dense_group), (expert, expert_group)):
-                if params <= 0 or (shape.size <= 1 and not hybrid):
-                    continue
-                nb = max(1, round(params / bucket)) if bucket else 1
-                times += [bucket_s(params / nb, shape)] * nb
+        unit_buckets: dict[tuple[float, float], list[float]] = {}
+        for unit in (units if not par.grad_bucket else [(local_dense, local_expert)]):
+            part = unit_buckets.get(unit)
+            if part is None:
+                part = []
+                for params, shape in zip(unit, (dense_group, expert_group)):
+                    if params <= 0 or (shape.size <= 1 and not hybrid):
+                        continue
+                    nb = max(1, round(params / bucket)) if bucket else 1
+                    part += [bucket_s(params / nb, shape)] * nb
+                unit_buckets[unit] = part
+            times += part
         buckets.append(tuple(times))
         g = 0.0
         if par.zero >= 1:
             # ZeRO-1/2 gathers the updated weights once a step, one collective of the stage's share;
             # ZeRO-3/FSDP gathers them unit by unit ahead of their use, each unit its own collective
-            for dense, expert in (units if par.zero >= 3 else [(local_dense, local_expert)]):
-                for params, shape in ((dense, dense_group), (expert, expert_group)):
-                    if params > 0 and shape.size > 1:
-                        g += coster.cost("all-gather", params * weight_bytes, shape)
+            unit_gathers: dict[tuple[float, float], tuple[float, ...]] = {}
+            for unit in (units if par.zero >= 3 else [(local_dense, local_expert)]):
+                costs = unit_gathers.get(unit)
+                if costs is None:
+                    costs = unit_gathers[unit] = tuple(
+                        coster.cost("all-gather", params * weight_bytes, shape)
+                        for params, shape in zip(unit, (dense_group, expert_group))
+                        if params > 0 and shape.size > 1)
+                for c in costs:
+                    g += c
         gathers.append(g)
         owned = (local_dense / (shard_w * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
         step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM

@@ -258,33 +258,38 @@ def _stage_of(plan: Plan, key: str) -> int:
     return v % plan.pp
 
 
-def _fsdp_chain_s(plan: Plan, s: int) -> float:
+def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
     gather, issued when the task two back has finished (one task of prefetch); each backward's
     reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
     and the two streams, sharing the group's links, take at least their traffic back to back.
     Pipeline waits are left to the caller. Past a few dozen micro-batches the chain's steady state is
-    folded: it is replayed for fewer and extrapolated (:func:`fold_counts`), exactly."""
-    if plan.num_microbatches > FOLD_ABOVE:
-        counts = fold_counts(plan.num_microbatches, plan.pp)
-        chains = [_fsdp_chain_s(dataclasses.replace(plan, num_microbatches=k), s) for k in counts]
-        return _extrapolate(counts, chains, plan.num_microbatches)
-    vpp, m = plan.vpp, plan.num_microbatches
+    folded: it is replayed for fewer and extrapolated (:func:`fold_counts`), exactly. ``m``: the
+    micro-batches replayed (the plan's by default)."""
+    if m is None:
+        m = plan.num_microbatches
+    if m > FOLD_ABOVE:
+        counts = fold_counts(m, plan.pp)
+        chains = [_fsdp_chain_s(plan, s, k) for k in counts]
+        return _extrapolate(counts, chains, m)
+    vpp = plan.vpp
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
+    # each chunk's task durations, worked out once (every task of a chunk lasts the same)
+    fwd_dur, bwd_dur = [], []
+    for c in range(vpp):
+        st = plan.virtual_stage(s, c)
+        fwd_s, bwd_s = st.fwd_s, st.bwd_s
+        fwd_dur.append(fwd_s * jit + sm * min(fwd_s, g))
+        bwd_dur.append(bwd_s * jit + sm * min(bwd_s, g + r))
     ag = rs = comp = 0.0
     ends: list[float] = []
     traffic = 0.0
     for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
-        st = plan.virtual_stage(s, t.chunk)
         if g > 0:
             ag = max(ag, ends[k - 2] if k >= 2 else 0.0) + g
             traffic += g
-        if t.kind == "F":
-            dur = st.fwd_s * jit + sm * min(st.fwd_s, g)
-        else:
-            dur = st.bwd_s * jit + sm * min(st.bwd_s, g + r)
-        comp = max(comp, ag if g > 0 else 0.0) + dur
+        comp = max(comp, ag if g > 0 else 0.0) + (fwd_dur if t.kind == "F" else bwd_dur)[t.chunk]
         ends.append(comp)
         if t.kind == "B" and r > 0:
             rs = max(rs, comp) + r
