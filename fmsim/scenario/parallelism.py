@@ -31,10 +31,10 @@ EP_DISPATCHES = ("alltoall", "deepep")
 #: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
 #: fused, one grouped kernel for every expert (DeepGEMM, CUTLASS grouped GEMM)
 MOE_GROUPED_GEMMS = ("multi-stream", "fused")
-#: Parameters per gradient bucket unless ``parallelism.grad_bucket`` says otherwise: Megatron-Core's minimum
-#: --ddp-bucket-size, taken for every framework. Megatron-Core's own default grows to 1M x dp at large data
-#: parallelism (``grad_bucket: megatron``, which the validation files of Megatron-Core runs state); as the
-#: default for every framework it fits the set worse (Meta's Llama 3 runs), so files say it where it applies.
+#: Parameters per gradient bucket when neither the file (``parallelism.grad_bucket``) nor its stack states
+#: one: Megatron-Core's minimum --ddp-bucket-size. The stack profiles (stack_catalog/) state each release's
+#: own rule -- Megatron-Core's max(40M, 1M x dp) (``grad_bucket: megatron``), NeMo 2.x / Megatron-Bridge's
+#: 128 Mi when dp > 1, PyTorch FSDP's one reduce-scatter per unit (``unit``), DeepSpeed's 5e8 elements.
 DEFAULT_GRAD_BUCKET = 40_000_000
 #: ``parallelism.grad_bucket: megatron``: Megatron-Core's own default, max(40M, 1M x data-parallel size)
 #: parameters ("larger DP sizes need larger buckets to ensure collectives do not become latency-bound",
