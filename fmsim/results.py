@@ -55,6 +55,7 @@ RL_COLUMNS = (
     "generation_s", "reward_s", "logprob_s", "training_s", "weight_sync_s", "transition_s",
     "generated_tokens_per_s", "trained_tokens_per_step", "generation_utilization", "training_utilization",
     "usd_per_million_trained_tokens", "rl_steps",
+    "validation_s", "checkpoint_s", "mean_step_time_s",
 )
 
 COLUMNS_BY_KIND = {

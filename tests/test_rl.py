@@ -245,3 +245,28 @@ def test_the_reference_pass_swaps_the_frozen_copy_in_over_the_host_link():
     link = sc.cluster.instance.accelerator.host_link_bytes_per_s
     extra = with_ref.phases["logprob"] - 2 * without.phases["logprob"]
     assert extra == pytest.approx(3 * weights / link, rel=1e-9) and extra > 0
+
+
+def test_validation_and_checkpoints_run_every_few_steps_beside_the_steady_step():
+    plain = fmsim.estimate(scenario(steps=25)).metrics
+    val = {"every": 10, "samples": 64, "batch": 32}
+    d = copy.deepcopy(BASE)
+    d["cluster"]["storage"] = {"kind": "fsx-lustre", "capacity": "48 TB", "throughput_per_tib": "250 MB/s"}
+    d["rl"].update(steps=25, validation=val, checkpoint={"every": 5})
+    m = fmsim.estimate(scenario_from_mapping(d, file="rl-test.yaml")).metrics
+    # the steady step is the same; validation (2 rounds of 32) and checkpoints come on top, every few steps
+    assert m["step_time_s"] == pytest.approx(plain["step_time_s"], rel=1e-9)
+    assert m["validation_s"] > 0 and m["checkpoint_s"] > 0
+    assert m["mean_step_time_s"] == pytest.approx(
+        m["step_time_s"] + m["validation_s"] / 10 + m["checkpoint_s"] / 5, rel=1e-9)
+    assert m["time_to_train_s"] == pytest.approx(
+        25 * m["step_time_s"] + 2 * m["validation_s"] + 5 * m["checkpoint_s"], rel=1e-9)
+    assert m["gpu_hours"] == pytest.approx(32 * m["time_to_train_s"] / 3600)
+    assert plain["validation_s"] is None and plain["mean_step_time_s"] == plain["step_time_s"]
+
+
+def test_more_validation_rounds_never_shorten_a_validation():
+    one = fmsim.simulate(scenario(validation={"every": 10, "samples": 32})).metrics["validation_s"]
+    two = fmsim.simulate(scenario(validation={"every": 10, "samples": 64, "batch": 32})).metrics["validation_s"]
+    big = fmsim.simulate(scenario(validation={"every": 10, "samples": 64})).metrics["validation_s"]
+    assert 0 < one <= big <= two

@@ -45,7 +45,28 @@ class RLPlan:
     train_plan: Any  # fmsim.parallel.strategy.Plan of one optimizer step
     memory: dict[str, float]
     hbm_bytes: float
+    validation_s: float = 0.0  # one validation (all its rounds), on the generation engines
+    checkpoint_s: float = 0.0  # one synchronous checkpoint of the training state
     details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_overhead_s(self) -> float:
+        """Seconds a step spends, on average over a run, in validation and checkpoints (both block the
+        training loop: NeMo RL runs them inside its step, grpo.py ``grpo_train``/``async_grpo_train``)."""
+        sp = self.spec
+        v = self.validation_s / sp.validation.every if sp.validation else 0.0
+        c = self.checkpoint_s / sp.checkpoint_every if sp.checkpoint_every else 0.0
+        return v + c
+
+    def run_time_s(self, step: float, steps: int) -> float:
+        """``steps`` RL steps: each at ``step``, plus every validation and checkpoint they reach."""
+        sp = self.spec
+        t = step * steps
+        if sp.validation:
+            t += (steps // sp.validation.every) * self.validation_s
+        if sp.checkpoint_every:
+            t += (steps // sp.checkpoint_every) * self.checkpoint_s
+        return t
 
 
 def _pools(sc: Any, spec: RLSpec) -> tuple[int, int, int, int]:
@@ -68,6 +89,8 @@ def _pools(sc: Any, spec: RLSpec) -> tuple[int, int, int, int]:
 def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None) -> RLPlan:
     """Compile ``sc`` (``kind: rl``) and price every phase of its step (the DES, or the estimate)."""
     spec = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
+    if spec.checkpoint_every:
+        ph.check_checkpoint_storage(sc)
     gen_gpus, train_gpus, gen_nodes, train_nodes = _pools(sc, spec)
     ro = ph.draw_rollouts(spec, sc.seed, sc.file)
     gen = ph.build_generation(sc, spec, gen_gpus, ro)
@@ -116,6 +139,8 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
         )
     sync, send = ph.weight_sync_s(sc, spec, gen=gen, train_gpus=train_gpus, gen_nodes=gen_nodes)
     memory, transition = _memory_fit(sc, spec, gen, step_plan)
+    validation = ph.validation_s(sc, spec, gen, estimate=estimate) if spec.validation else 0.0
+    checkpoint = ph.checkpoint_s(sc, step_plan) if spec.checkpoint_every else 0.0
     phases = {
         "transition": transition,
         "generation": generation,
@@ -142,6 +167,7 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
             "num_microbatches": step_plan.num_microbatches,
         },
         "longest_response": int(ro.outs.max()),
+        "validation_rounds": spec.validation.rounds if spec.validation else 0,
         "mean_response": float(ro.outs.mean()),
         "method": "analytical" if estimate else "discrete-event",
     }
@@ -164,6 +190,8 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
         train_plan=step_plan,
         memory=memory,
         hbm_bytes=sc.cluster.instance.accelerator.hbm_bytes,
+        validation_s=validation,
+        checkpoint_s=checkpoint,
         details=details,
     )
 
@@ -294,6 +322,7 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     usd_h = price.usd_per_hour * cl.nodes if price.usd_per_hour else None
     usd_step = usd_h * step / 3600.0 if usd_h else None
     steps = plan.spec.steps or None
+    run_s = plan.run_time_s(step, steps) if steps else None
     top, sentence = _bottleneck(plan, step, busy)
     tplan = plan.train_plan
     gen_sample = ro.generated_tokens
@@ -311,9 +340,9 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
         "hbm_per_gpu_bytes": plan.hbm_bytes,
         "fits": True,
         "usd_per_step": usd_step,
-        "time_to_train_s": step * steps if steps else None,
-        "gpu_hours": cl.gpus * step * steps / 3600.0 if steps else None,
-        "cost_usd": usd_step * steps if (steps and usd_step) else None,
+        "time_to_train_s": run_s,
+        "gpu_hours": cl.gpus * run_s / 3600.0 if run_s else None,
+        "cost_usd": usd_h * run_s / 3600.0 if (run_s and usd_h) else None,
         "bottleneck": top,
         "pricing_option": price.option,
         "algorithm": plan.spec.algorithm,
@@ -337,6 +366,9 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
         "training_utilization": busy.get("training", busy.get("gpus")),
         "usd_per_million_trained_tokens": usd_step / trained * 1e6 if usd_step else None,
         "rl_steps": plan.spec.steps or None,
+        "validation_s": plan.validation_s if plan.spec.validation else None,
+        "checkpoint_s": plan.checkpoint_s if plan.spec.checkpoint_every else None,
+        "mean_step_time_s": step + plan.run_overhead_s,
     }
     breakdown = {f"{k_}_s": v for k_, v in p.items() if v or k_ != "transition"}
     for pool, b in busy.items():
@@ -402,6 +434,8 @@ def check_rl_sections(sc: Any) -> None:
     gen_gpus, train_gpus, _, _ = _pools(sc, spec)
     ph.check_generation_layout(sc, spec, gen_gpus)
     ph.check_training_layout(sc, train_gpus)
+    if spec.checkpoint_every:
+        ph.check_checkpoint_storage(sc)
 
 
 __all__ = [

@@ -308,6 +308,49 @@ def estimate_engine(
     return t + pre
 
 
+def validation_s(sc: Any, spec: RLSpec, gen: GenerationPool, *, estimate: bool) -> float:
+    """One validation on the generation engines: ``rounds`` batches of ``batch`` held-out prompts, one
+    response each, drawn from the step's length distributions (its own seeded stream); each round waits
+    for its longest response (NeMo RL ``validate``: a rollout per ``val_batch_size`` batch). The rounds
+    are priced as one drawn batch, ``rounds`` times."""
+    v = spec.validation
+    assert v is not None
+    one = dataclasses.replace(spec, prompts=v.batch, samples_per_prompt=1, over_generate=1.0)
+    ro = draw_rollouts(one, sc.seed + 1, sc.file)
+    shares = deal_groups(ro, gen.engines)
+    memo: dict = {}
+    t = max(
+        (estimate_engine(gen, shares[e], memo) if estimate else simulate_engine(gen, shares[e], file=sc.file))
+        for e in critical_engines(shares)
+    )
+    return v.rounds * t
+
+
+def checkpoint_s(sc: Any, plan: Plan) -> float:
+    """One synchronous checkpoint of the policy's training state (weights, fp32 master weights, Adam
+    moments, as the plan shards them) through ``cluster.storage`` (:func:`fmsim.workloads.checkpointing.
+    checkpoint_cost`). Synchronous: NeMo RL's Megatron worker saves with ``async_save=False`` ("This
+    doesn't work right now", nemo_rl/models/policy/megatron_policy_worker.py @06beed91)."""
+    from ..hardware.storage import file_system
+    from .checkpointing import checkpoint_cost
+
+    check_checkpoint_storage(sc)
+    fs = file_system(sc.cluster.storage, plan.instance)
+    write = checkpoint_cost(plan, fs, async_=False, interval_s=None).write_s
+    return float(write or 0.0)
+
+
+def check_checkpoint_storage(sc: Any) -> None:
+    """``rl.checkpoint`` needs the file system it writes to (ConfigError)."""
+    if not sc.cluster.storage:
+        raise ConfigError(
+            "a checkpoint is written to a file system (expected cluster.storage, e.g. {kind: fsx-lustre, "
+            "capacity: 1.2 TB})",
+            file=sc.file,
+            field="rl.checkpoint",
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # training-side passes
 

@@ -54,6 +54,8 @@ RL_KEYS = (
     "off_policy",
     "weight_sync",
     "dynamic_sampling",
+    "validation",
+    "checkpoint",
     "steps",
 )
 #: the ``serving:`` fields that mean something for one rollout engine (no router, replicas or P/D split)
@@ -64,6 +66,8 @@ COLOCATED_KEYS = ("training_state",)
 DISAGG_KEYS = ("generation_nodes", "training_nodes")
 SYNC_KEYS = ("method", "source", "bucket")
 DYNAMIC_KEYS = ("filtered_share", "over_generate")
+VALIDATION_KEYS = ("every", "samples", "batch")
+CHECKPOINT_KEYS = ("every",)
 
 #: which models run beside the policy, per algorithm: (reference, critic). GRPO and RLOO keep a KL
 #: term to a frozen reference (NeMo RL grpo_math_1B.yaml: reference_policy_kl_penalty 0.01; RLOO,
@@ -127,6 +131,21 @@ class WeightSyncSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ValidationSpec:
+    """Every ``every`` steps, ``samples`` prompts answered once each, in rounds of ``batch`` (each round
+    waits for its longest response) -- NeMo RL's ``grpo.val_period``, ``max_val_samples`` and
+    ``val_batch_size``, with ``max_val_samples // val_batch_size`` rounds (grpo.py ``validate``)."""
+
+    every: int
+    samples: int
+    batch: int
+
+    @property
+    def rounds(self) -> int:
+        return self.samples // self.batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RLSpec:
     """Everything the ``rl:`` section says, validated; see ``docs/rl.md``."""
 
@@ -148,6 +167,8 @@ class RLSpec:
     filtered_share: float = 0.0  # DAPO: share of groups dynamic sampling drops (all rewards equal)
     over_generate: float = 1.0  # groups generated per group trained
     steps: int = 0  # RL steps of the run (0: per-step figures only)
+    validation: ValidationSpec | None = None  # generation of held-out prompts every few steps
+    checkpoint_every: int = 0  # steps between synchronous checkpoints of the training state (0: none)
 
     def __post_init__(self) -> None:
         assert self.algorithm in ALGORITHMS
@@ -283,6 +304,31 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
     return spec
 
 
+def _validation(s: _Section) -> ValidationSpec | None:
+    if not s.has("validation"):
+        return None
+    v = s.sub("validation", VALIDATION_KEYS)
+    for k in ("every", "samples"):
+        if not v.has(k):
+            raise v.err(k, "is required (validation: {every: steps, samples: prompts, batch: prompts a round})")
+    every, samples = v.integer("every", minimum=1), v.integer("samples", minimum=1)
+    if samples > MAX_SEQUENCES:
+        raise v.err("samples", f"{samples:,} must be <= {MAX_SEQUENCES:,}")
+    batch = v.integer("batch", samples, minimum=1)
+    if batch > samples:
+        raise v.err("batch", f"{batch} exceeds samples {samples} (no round would run: rounds = samples // batch)")
+    return ValidationSpec(every=every, samples=samples, batch=batch)
+
+
+def _checkpoint_every(s: _Section) -> int:
+    if not s.has("checkpoint"):
+        return 0
+    c = s.sub("checkpoint", CHECKPOINT_KEYS)
+    if not c.has("every"):
+        raise c.err("every", "is required (steps between checkpoints)")
+    return c.integer("every", minimum=1)
+
+
 def parse_rl_spec(
     extra: Mapping[str, Any], *, file: str | None = None, policy: Any = None, catalog: Any = None
 ) -> RLSpec:
@@ -382,6 +428,8 @@ def parse_rl_spec(
         filtered_share=filtered,
         over_generate=over,
         steps=s.integer("steps", 0, minimum=1),
+        validation=_validation(s),
+        checkpoint_every=_checkpoint_every(s),
     )
 
 
@@ -391,6 +439,7 @@ __all__ = [
     "PlacementSpec",
     "RLSpec",
     "RewardSpec",
+    "ValidationSpec",
     "WeightSyncSpec",
     "parse_rl_spec",
 ]
