@@ -270,3 +270,13 @@ def test_more_validation_rounds_never_shorten_a_validation():
     two = fmsim.simulate(scenario(validation={"every": 10, "samples": 64, "batch": 32})).metrics["validation_s"]
     big = fmsim.simulate(scenario(validation={"every": 10, "samples": 64})).metrics["validation_s"]
     assert 0 < one <= big <= two
+
+
+def test_logprob_batch_packs_the_forward_passes_and_leaves_the_update_alone():
+    one = fmsim.estimate(scenario()).metrics
+    four = fmsim.estimate(scenario(logprob_batch=4)).metrics
+    assert four["training_s"] == pytest.approx(one["training_s"], rel=1e-12)
+    assert four["generation_s"] == pytest.approx(one["generation_s"], rel=1e-12)
+    # the same tokens in a quarter of the micro-batches: the per-token work is alike, not the same
+    assert four["logprob_s"] != one["logprob_s"]
+    assert 0.5 < four["logprob_s"] / one["logprob_s"] < 1.5

@@ -110,14 +110,18 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
     trained = ro.trained_tokens
     tp_kw = {"gpus": train_gpus, "nodes": train_nodes, "seq_len": seq}
     step_plan = ph.training_plan(sc, tokens=trained / n_opt, **tp_kw)
-    policy_fwd = ph.forward_s(step_plan, trained)
+    # the forward-only passes run logprob_batch packed sequences a micro-batch (NeMo RL
+    # logprob_mb_tokens = max_total_sequence_length x logprob_batch_size with sequence packing)
+    lp_sc = ph.logprob_scenario(sc, spec)
+    lp_plan = step_plan if lp_sc is sc else ph.training_plan(lp_sc, tokens=trained, where="rl.logprob_batch", **tp_kw)
+    policy_fwd = ph.forward_s(lp_plan, trained)
     logprob = policy_fwd  # the policy's log-probs before the update
     if spec.reference is not None:
         logprob += (
             policy_fwd + ph.reference_swap_s(sc, step_plan)
             if spec.reference is sc.workload.model
             else ph.forward_s(
-                ph.training_plan(sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw)
+                ph.training_plan(lp_sc, tokens=trained, model=spec.reference, where="rl.reference", **tp_kw)
             )
         )
     training = ph.update_s(step_plan, estimate=estimate) * n_opt
@@ -127,7 +131,12 @@ def build_rl_plan(sc: Any, *, estimate: bool = False, trace: list | None = None)
             if spec.critic is sc.workload.model
             else ph.training_plan(sc, tokens=trained / n_opt, model=spec.critic, where="rl.critic", **tp_kw)
         )
-        logprob += ph.forward_s(critic_step, trained)  # values of every token
+        critic_fwd = (
+            lp_plan
+            if spec.critic is sc.workload.model
+            else ph.training_plan(lp_sc, tokens=trained, model=spec.critic, where="rl.critic", **tp_kw)
+        )
+        logprob += ph.forward_s(critic_fwd, trained)  # values of every token
         training += ph.update_s(critic_step, estimate=estimate) * n_opt
     rw = spec.reward
     if rw.is_rule:

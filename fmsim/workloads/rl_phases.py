@@ -441,6 +441,15 @@ def training_plan(
         ) from None
 
 
+def logprob_scenario(sc: Any, spec: RLSpec) -> Any:
+    """``sc`` with the micro-batch of the forward-only passes: ``logprob_batch`` packed sequences
+    (``sc`` itself when it is 1)."""
+    if spec.logprob_batch == 1:
+        return sc
+    return dataclasses.replace(sc, workload=dataclasses.replace(
+        sc.workload, micro_batch=sc.workload.micro_batch * spec.logprob_batch))
+
+
 def forward_s(plan: Plan, tokens: float | None = None) -> float:
     """One forward-only pass through the plan's pipeline of its batch -- or of ``tokens`` packed the
     same way (the stage costs are per micro-batch): the busiest stage for every micro-batch plus the

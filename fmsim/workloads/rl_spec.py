@@ -49,6 +49,7 @@ RL_KEYS = (
     "reward_model",
     "train_global_batch",
     "packed_seq_len",
+    "logprob_batch",
     "generation",
     "placement",
     "off_policy",
@@ -160,6 +161,7 @@ class RLSpec:
     reward: RewardSpec = field(default_factory=RewardSpec)
     train_global_batch: int = 0  # sequences per optimizer step (0 = all rollouts in one step)
     packed_seq_len: int = 0  # tokens per packed training sequence (0 = max prompt + max response)
+    logprob_batch: int = 1  # packed sequences per micro-batch of the forward-only (log-prob) passes
     generation: GenerationSpec = field(default_factory=GenerationSpec)
     placement: PlacementSpec = field(default_factory=PlacementSpec)
     off_policy: int = 0
@@ -421,6 +423,7 @@ def parse_rl_spec(
         reward=_reward(s, catalog),
         train_global_batch=tgb,
         packed_seq_len=packed,
+        logprob_batch=s.integer("logprob_batch", 1, minimum=1),
         generation=_generation(s),
         placement=placement,
         off_policy=off,
