@@ -260,7 +260,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
         lower_is_better=True,
-        help="rl.steps x the step",
+        help="rl.steps x the step, plus every validation and checkpoint the run reaches",
     )
     widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True)
     widgets.metric(
