@@ -42,6 +42,15 @@ def test_first_replica_writers_save_the_whole_state_from_fewer_ranks_and_nodes()
     assert one.write_s >= all_ranks.write_s and one.copy_s > all_ranks.copy_s
 
 
+def test_master_only_saves_the_fp32_parameters_and_moments_without_a_bf16_copy():
+    plan = build_plan(scenario(**HSDP))
+    for writers in ("all", "first-replica"):
+        full = total_state_bytes(plan, shard_width=2, writers=writers)
+        fsdp = total_state_bytes(plan, shard_width=2, writers=writers, master_only=True)
+        assert fsdp == pytest.approx(full * 12.0 / 14.0, rel=1e-6)
+        assert fsdp == pytest.approx(12.0 * plan.model.num_params, rel=0.01)
+
+
 def test_pageable_staging_is_slower_by_the_sourced_factor_and_only_for_the_copy():
     sc = scenario(**HSDP)
     _, pinned = cost(sc, async_=True)
@@ -62,7 +71,7 @@ def test_overlapped_staging_blocks_only_for_the_copy_the_next_step_does_not_hide
 
 
 def test_the_scenario_fields_reach_the_run_and_round_trip():
-    ck = {"every": "1 h", "async": True, "staging": "pageable", "writers": "first-replica"}
+    ck = {"every": "1 h", "async": True, "staging": "pageable", "writers": "first-replica", "master_only": True}
     sc = scenario(**{**HSDP, "checkpoint": ck})
     assert (sc.checkpoint.staging, sc.checkpoint.writers) == ("pageable", "first-replica")
     back = scenario_from_mapping(scenario_to_mapping(sc), file="t.yaml")

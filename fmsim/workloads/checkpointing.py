@@ -9,6 +9,9 @@ Owns :func:`checkpoint_cost`:
   divided by the number of ranks holding the same copy: PyTorch DCP (``dedup_replicated_tensors``) and
   Megatron's fully parallel save write a replicated tensor once, so the shards over all ranks add up to
   the full state (weights over dp x cp replicas, ZeRO-sharded optimizer state over dp / dp_shard).
+  ``checkpoint.master_only``: the parameters *are* the fp32 master weights (PyTorch FSDP keeps its sharded
+  flat parameters in the module's dtype and casts to ``MixedPrecision.param_dtype`` only for compute), so
+  no separate bf16 copy is saved: 12 B per parameter instead of 14.
 * **Write.** All nodes write at once: the slower of the file system's aggregate rate shared by the nodes
   (:meth:`fmsim.hardware.storage.FileSystem.transfer_s`) and the most loaded node at its client limit.
 * **Who writes** (``checkpoint.writers``): ``all`` ranks, replicated tensors spread over their replicas
@@ -76,7 +79,8 @@ def _writing_dp(plan, shard_width: int | None, writers: str) -> tuple[int, int]:
 
 
 def rank_shard_bytes(plan, *, shard_width: int | None = None, grads: bool = False,
-                     frozen: bool = False, writers: str = "all") -> tuple[float, ...]:
+                     frozen: bool = False, writers: str = "all",
+                     master_only: bool = False) -> tuple[float, ...]:
     """Bytes one writing rank of each pipeline stage saves (replicated tensors counted once over their
     replicas); ``shard_width``: the data-parallel ranks one ZeRO shard group spans (dp unless hybrid
     sharding); ``writers``: ``all`` or ``first-replica`` (module docstring)."""
@@ -89,6 +93,8 @@ def rank_shard_bytes(plan, *, shard_width: int | None = None, grads: bool = Fals
         # LoRA (``frozen``): the base weights are not saved, only the adapters' bf16 weights and their
         # optimizer state (what the optimizer holds: 12 B per trained parameter, so 2/12 of it again)
         w = mem.optimizer * WEIGHT_BYTES / OPTIMIZER_BYTES if frozen else mem.weights
+        if master_only:
+            w = 0.0
         b = w / (opt_copies if frozen else weight_copies) + mem.optimizer / opt_copies
         if grads:
             b += mem.gradients / grad_copies
@@ -102,11 +108,12 @@ def writing_ranks_per_stage(plan, *, shard_width: int | None = None, writers: st
 
 
 def total_state_bytes(plan, *, shard_width: int | None = None, grads: bool = False,
-                      frozen: bool = False, writers: str = "all") -> float:
+                      frozen: bool = False, writers: str = "all", master_only: bool = False) -> float:
     """The checkpoint over all writing ranks: every stage's shard times its writing ranks."""
     ranks_per_stage = writing_ranks_per_stage(plan, shard_width=shard_width, writers=writers)
     return sum(b * ranks_per_stage for b in rank_shard_bytes(plan, shard_width=shard_width, grads=grads,
-                                                              frozen=frozen, writers=writers))
+                                                              frozen=frozen, writers=writers,
+                                                              master_only=master_only))
 
 
 def contended_step_s(plan, step_s: float, *, tx_per_gpu: float = 0.0, rx_per_gpu: float = 0.0) -> float:
@@ -149,10 +156,11 @@ def staging_copy_s(plan, shard_bytes: float, staging: str = "pinned") -> float:
 def checkpoint_cost(plan, fs: FileSystem | None, *, async_: bool, interval_s: float | None,
                     grads: bool = False, step_s: float | None = None, contention: bool = True,
                     shard_width: int | None = None, frozen: bool = False, staging: str = "pinned",
-                    writers: str = "all") -> CheckpointCost:
+                    writers: str = "all", master_only: bool = False) -> CheckpointCost:
     """Bytes, write, restore and downtime of one checkpoint of ``plan`` to ``fs`` (see module docstring)."""
-    ranks = rank_shard_bytes(plan, shard_width=shard_width, grads=grads, frozen=frozen, writers=writers)
-    total = total_state_bytes(plan, shard_width=shard_width, grads=grads, frozen=frozen, writers=writers)
+    kw = dict(shard_width=shard_width, grads=grads, frozen=frozen, writers=writers, master_only=master_only)
+    ranks = rank_shard_bytes(plan, **kw)
+    total = total_state_bytes(plan, **kw)
     gpn = plan.instance.num_accelerators
     writing = writing_ranks_per_stage(plan, shard_width=shard_width, writers=writers) * plan.pp
     nodes = min(plan.nodes, max(1, -(-writing // gpn)))
