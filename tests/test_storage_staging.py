@@ -96,3 +96,15 @@ def test_a_bad_staging_or_writers_value_is_one_located_line_and_exit_2(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"{path}: checkpoint.{field}: ") and message in err[0], err[0]
+
+
+def test_a_checkpoint_of_many_files_is_bounded_by_the_metadata_rate():
+    # one create per writing rank plus the .metadata file, against the FSx metadata IOPS
+    sc = scenario(**{**HSDP, "cluster.storage": {**FSX, "throughput": "100 TB/s", "metadata_iops": 10}})
+    plan, c = cost(sc, async_=False)
+    files = plan.tp * plan.cp * plan.dp * plan.pp + 1
+    assert c.write_s == pytest.approx(files / 10)
+    _, one = cost(sc, async_=False, writers="first-replica")
+    assert one.write_s < c.write_s                      # fewer writers, fewer files
+    fast = scenario(**{**HSDP, "cluster.storage": {**FSX, "throughput": "100 TB/s", "metadata_iops": 192000}})
+    assert cost(fast, async_=False)[1].write_s < c.write_s

@@ -12,8 +12,11 @@ Owns :func:`checkpoint_cost`:
   ``checkpoint.master_only``: the parameters *are* the fp32 master weights (PyTorch FSDP keeps its sharded
   flat parameters in the module's dtype and casts to ``MixedPrecision.param_dtype`` only for compute), so
   no separate bf16 copy is saved: 12 B per parameter instead of 14.
-* **Write.** All nodes write at once: the slower of the file system's aggregate rate shared by the nodes
-  (:meth:`fmsim.hardware.storage.FileSystem.transfer_s`) and the most loaded node at its client limit.
+* **Write.** All nodes write at once: the slowest of the file system's aggregate rate shared by the nodes
+  (:meth:`fmsim.hardware.storage.FileSystem.transfer_s`), the most loaded node at its client limit, and the
+  file creates against the FSx metadata IOPS (one file per writing rank plus the ``.metadata`` file: DCP's
+  ``FileSystemWriter(single_file_per_rank=True)``, Megatron's ``torch_dist`` format likewise; one metadata
+  operation each, as data loading counts one per open).
 * **Who writes** (``checkpoint.writers``): ``all`` ranks, replicated tensors spread over their replicas
   (above), or ``first-replica``: only the first data-parallel replica's ranks save, each its whole ZeRO
   shard (IBM's fms-fsdp Checkpointer under HSDP: ``_do_save`` is ``rank == local_rank``, so node 0's
@@ -170,7 +173,8 @@ def checkpoint_cost(plan, fs: FileSystem | None, *, async_: bool, interval_s: fl
     if fs is None:
         return CheckpointCost(total_bytes=total, rank_bytes=ranks, node_bytes=node_bytes, write_s=None,
                               restore_s=None, copy_s=copy_s, downtime_s=None, mode=mode)
-    write_s = max(fs.transfer_s(total, nodes, write=True), node_bytes / fs.client_bytes_per_s)
+    creates = (writing + 1) / fs.metadata_iops if not fs.is_s3 else 0.0
+    write_s = max(fs.transfer_s(total, nodes, write=True), node_bytes / fs.client_bytes_per_s, creates)
     # a restore reads the state back on every node; with first-replica writers each replica reads it whole
     replicas = max(1, plan.dp // _writing_dp(plan, shard_width, writers)[0])
     restore_s = max(fs.transfer_s(total * replicas, plan.nodes, write=False),
