@@ -50,8 +50,9 @@ from ..model.memory import GRAD_BYTES, OPTIMIZER_BYTES, WEIGHT_BYTES
 
 #: a copy between device and pageable host memory against page-locked, on a node of 8 GPUs copying at
 #: once: DeepSpeed's switch of its ZeRO-offload copies from pageable to pinned buffers "Speedup h2d memcpy by
-#: 6x on single GPU and 4-5x on 8GPU node" (microsoft/DeepSpeed PR #5301, commit 7b5b066). The middle of
-#: 4-5 on multi-GPU nodes, 6 on one GPU; measured host-to-device, taken for device-to-host (ASSUMED)
+#: 6x on single GPU and 4-5x on 8GPU node" (deepspeedai/DeepSpeed, formerly microsoft/, pull request #5301,
+#: 2024-03-20, commit 7b5b066; #6670 pins the d2h side the same way, giving no figure). The middle of 4-5 on
+#: multi-GPU nodes, 6 on one GPU; measured host-to-device, taken for device-to-host (ASSUMED)
 PAGEABLE_SLOWDOWN = 4.5
 PAGEABLE_SLOWDOWN_ONE_GPU = 6.0
 STAGING_MODES = ("pinned", "pageable", "overlapped")
