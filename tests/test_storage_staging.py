@@ -71,7 +71,8 @@ def test_overlapped_staging_blocks_only_for_the_copy_the_next_step_does_not_hide
 
 
 def test_the_scenario_fields_reach_the_run_and_round_trip():
-    ck = {"every": "1 h", "async": True, "staging": "pageable", "writers": "first-replica", "master_only": True}
+    ck = {"every": "1 h", "async": True, "staging": "pageable", "writers": "first-replica",
+          "master_only": True}
     sc = scenario(**{**HSDP, "checkpoint": ck})
     assert (sc.checkpoint.staging, sc.checkpoint.writers) == ("pageable", "first-replica")
     back = scenario_from_mapping(scenario_to_mapping(sc), file="t.yaml")
