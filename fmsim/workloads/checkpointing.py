@@ -28,8 +28,10 @@ Owns :func:`checkpoint_cost`:
   then the write runs behind the next steps -- over the same EFA NICs as the collectives when the file
   system is EFA-attached, which slows those steps (:func:`contended_step_s`, the engine's flows) -- and
   stalls training again only if it outlasts the checkpoint interval. The copy (``checkpoint.staging``):
-  ``pinned`` -- a blocking copy into cached page-locked buffers at the host link's rate (DCP's
-  ``BlockingAsyncStager(cache_staged_state_dict=True)``, the default here); ``pageable`` -- a blocking
+  ``pinned`` -- a blocking copy into page-locked buffers at the host link's rate (DCP's
+  ``BlockingAsyncStager(cache_staged_state_dict=True)``; Megatron-Core's ``--async-save``,
+  ``FileSystemWriterAsync.preload_tensors``: ``tensor.to("cpu", non_blocking=True)``, "knob to enable pinned
+  D2H memcpy", megatron/core/dist_checkpointing/strategies/filesystem_async.py; the default here); ``pageable`` -- a blocking
   copy into freshly allocated pageable memory (DCP ``async_save`` up to PyTorch 2.8 by default:
   ``BlockingAsyncStager(cache_staged_state_dict=False)`` -> ``_offload_state_dict_to_cpu``, tensor by
   tensor), slower by :data:`PAGEABLE_SLOWDOWN`; ``overlapped`` -- DCP's ``DefaultStager`` (PyTorch 2.9:
