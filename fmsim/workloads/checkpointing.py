@@ -31,10 +31,11 @@ Owns :func:`checkpoint_cost`:
   ``pinned`` -- a blocking copy into page-locked buffers at the host link's rate (DCP's
   ``BlockingAsyncStager(cache_staged_state_dict=True)``; Megatron-Core's ``--async-save``,
   ``FileSystemWriterAsync.preload_tensors``: ``tensor.to("cpu", non_blocking=True)``, "knob to enable pinned
-  D2H memcpy", megatron/core/dist_checkpointing/strategies/filesystem_async.py; the default here); ``pageable`` -- a blocking
-  copy into freshly allocated pageable memory (DCP ``async_save`` up to PyTorch 2.8 by default:
-  ``BlockingAsyncStager(cache_staged_state_dict=False)`` -> ``_offload_state_dict_to_cpu``, tensor by
-  tensor), slower by :data:`PAGEABLE_SLOWDOWN`; ``overlapped`` -- DCP's ``DefaultStager`` (PyTorch 2.9:
+  D2H memcpy", megatron/core/dist_checkpointing/strategies/filesystem_async.py; the default here);
+  ``pageable`` -- a blocking copy into freshly allocated pageable memory, tensor by tensor (DCP
+  ``async_save`` given no stager: the ``FileSystemWriter``'s ``BlockingAsyncStager`` with
+  ``cache_staged_state_dict=False``, ``_offload_state_dict_to_cpu`` in PyTorch 2.4), slower by
+  :data:`PAGEABLE_SLOWDOWN`; ``overlapped`` -- DCP's ``DefaultStager`` (PyTorch 2.9:
   pinned, shared memory, ``use_async_staging``) copies on a background stream while the next step runs,
   and training blocks only for what of the copy outlasts that step (NeMo Automodel waits for the staging
   before ``optimizer.step``, recipes/llm/train_ft.py ``maybe_wait_for_staging``; ASSUMED: the whole step
