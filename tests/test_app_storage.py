@@ -56,3 +56,12 @@ def test_a_tier_without_a_sourced_price_says_so_instead_of_a_number():
     at.selectbox(key="train.storage.tier").set_value("fsx-lustre-persistent-2-250").run()
     assert not at.exception
     assert shown(at)["Storage"] == "no price"
+
+
+def test_the_knobs_keep_the_files_other_checkpoint_fields():
+    text = LLAMA.read_text() + "\ncheckpoint: {every: 1 h, async: true, keep: 3, staging: pageable}\n"
+    base = logic.load_base(text, "what-if")
+    knobs = storage_panel.overrides(base, "fsx-lustre-persistent-2-125", 100.0, 20.0, False)
+    sc = logic.whatif_scenario(text, "what-if", tuple(knobs.items()))
+    assert (sc.checkpoint.every_s, sc.checkpoint.async_) == (1200.0, False)
+    assert (sc.checkpoint.keep, sc.checkpoint.staging) == (3, "pageable")

@@ -1,15 +1,20 @@
 """Storage and interruption predictions against published figures (scenarios/validation/storage).
 
-Issue 30 sets targets of 25 % on interruption counts and on checkpoint downtime. Measured 2026-12-01
+Issue 30 sets targets of 25 % on interruption counts and on checkpoint downtime. Measured 2026-12-02
 (signed errors, each predicted from rates that did not come from the run it is checked on):
 
 * Llama 3 405B, 54 days, from Meta's research-cluster rate: +26.2 % (419 unexpected interruptions);
-* OPT-175B, two months, from Llama 3's rates (hardware only): -34.0 % (at least 35 manual restarts);
+* OPT-175B, two months, from Llama 3's rates (hardware only): -34.0 % (at least 35 manual restarts, a lower
+  bound of the hardware interruptions predicted);
 * BLOOM-176B, 117 days, from Llama 3's GPU and HBM rates: -46.9 % (1-2 GPU failures a week);
-* PyTorch DCP 7B, synchronous save: +333 % -- the source names neither GPUs nor storage, both assumed;
-* PyTorch DCP 7B, asynchronous save: -98 % -- the model's downtime is the PCIe copy of each shard; the
-  measured 6.3 s is dominated by what the model lacks (save planning, unpinned staging);
-* NeMo Automodel Llama 3 8B on 8 H100, asynchronous save: -59.3 % (0.22 s predicted, 0.54 s blocked).
+* PyTorch DCP 7B, synchronous save: +271 % (was +333 %) -- the source names no storage; the one assumed
+  decides it;
+* PyTorch DCP 7B, asynchronous save: -76.4 % (was -98.3 %) -- IBM's public 7B recipe (128 A100, HSDP, node
+  0's ranks write, FSDP's fp32 parameters: 12 B per parameter) and the blocking pageable copy of the DCP of
+  the blog's time; the rest of the 6.3 s is what no source quantifies (building the sharded state dict,
+  per-tensor copy overheads);
+* NeMo Automodel Llama 3 8B on 8 H100, asynchronous save: -100 % (was -59.3 %) -- its DCP DefaultStager
+  copies behind the next step, so the model blocks for nothing; the measured 0.54 s is software set-up.
 
 None but Llama 3 comes near the targets; the tests below guard today's level (each error within its
 figure plus a margin) so a change that moves them is seen, and the FSx throughput rule against AWS's
@@ -38,9 +43,9 @@ TODAY = {
     "llama3-405b-interruptions": (26.2, 6.0),
     "opt-175b-restarts": (-34.0, 6.0),
     "bloom-176b-gpu-failures": (-46.9, 6.0),
-    "dcp-7b-sync-checkpoint": (332.8, 15.0),
-    "dcp-7b-async-checkpoint": (-98.3, 1.5),
-    "automodel-8b-async-checkpoint": (-59.3, 6.0),
+    "dcp-7b-sync-checkpoint": (271.0, 15.0),
+    "dcp-7b-async-checkpoint": (-76.4, 6.0),
+    "automodel-8b-async-checkpoint": (-100.0, 1.0),
 }
 
 

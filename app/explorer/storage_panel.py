@@ -38,8 +38,12 @@ def overrides(base: Any, tier: str, capacity_tib: float, every_min: float, async
     storage: dict[str, Any] = {"kind": kind, "tier": tier}
     if kind == "fsx-lustre":
         storage["capacity"] = f"{capacity_tib:g} TiB"
-    out: dict[str, Any] = {"cluster.storage": storage,
-                           "checkpoint": {"every": f"{every_min:g} min", "async": bool(async_)}}
+    out: dict[str, Any] = {"cluster.storage": storage}
+    if base.checkpoint is not None:
+        # the knobs' two keys only: the file's own grads, keep, staging and writers stay
+        out.update({"checkpoint.every": f"{every_min:g} min", "checkpoint.async": bool(async_)})
+    else:
+        out["checkpoint"] = {"every": f"{every_min:g} min", "async": bool(async_)}
     if base.reliability is None:
         out["reliability"] = dict(DEFAULT_RELIABILITY)
     return out

@@ -13,7 +13,11 @@ from ..units import parse_time
 from .reader import _Section, _what, float_number
 
 
-CHECKPOINT_KEYS = ("every", "async", "grads", "keep")
+CHECKPOINT_KEYS = ("every", "async", "grads", "keep", "staging", "writers", "master_only")
+#: how an asynchronous save copies each rank's shard to host memory (fmsim.workloads.checkpointing)
+STAGING_MODES = ("pinned", "pageable", "overlapped")
+#: which ranks write: all (replicated tensors spread over their replicas) or the first replica only
+CHECKPOINT_WRITERS = ("all", "first-replica")
 RELIABILITY_KEYS = ("node_mtbf", "restart", "fleet", "rates", "run_length", "trials")
 
 
@@ -31,6 +35,9 @@ class Checkpoint:
     async_: bool = False
     grads: bool = False          # save the fp32 gradients too
     keep: int = 1                # checkpoints kept on the storage (priced)
+    staging: str = "pinned"      # async device -> host copy: pinned | pageable | overlapped
+    writers: str = "all"         # all | first-replica (only the first data-parallel replica writes)
+    master_only: bool = False    # the parameters are the fp32 masters (FSDP): no separate bf16 copy saved
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +74,9 @@ def _checkpoint(top: _Section) -> Checkpoint | None:
         async_=sec.boolean("async", False),
         grads=sec.boolean("grads", False),
         keep=sec.integer("keep", 1, minimum=1, maximum=10_000),
+        staging=sec.choice("staging", STAGING_MODES, "pinned"),
+        writers=sec.choice("writers", CHECKPOINT_WRITERS, "all"),
+        master_only=sec.boolean("master_only", False),
     )
 
 

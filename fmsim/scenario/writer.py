@@ -140,6 +140,12 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
             out["checkpoint"]["grads"] = True
         if sc.checkpoint.keep != 1:
             out["checkpoint"]["keep"] = sc.checkpoint.keep
+        if sc.checkpoint.staging != "pinned":
+            out["checkpoint"]["staging"] = sc.checkpoint.staging
+        if sc.checkpoint.writers != "all":
+            out["checkpoint"]["writers"] = sc.checkpoint.writers
+        if sc.checkpoint.master_only:
+            out["checkpoint"]["master_only"] = True
     if sc.reliability is not None:
         out["reliability"] = _reliability_mapping(sc.reliability)
     if sc.data is not None:

@@ -92,7 +92,9 @@ def run_figures(sc, plan, step_s: float, *, train_tokens: float | None,
                            grads=bool(ck and ck.grads), step_s=step_s,
                            contention=contention and ck is not None,
                            shard_width=sc.parallelism.shard_width if plan.zero else None,
-                           frozen=bool(getattr(sc.workload, "lora_rank", 0)))
+                           frozen=bool(getattr(sc.workload, "lora_rank", 0)),
+                           staging=ck.staging if ck else "pinned", writers=ck.writers if ck else "all",
+                           master_only=bool(ck and ck.master_only))
     useful = train_tokens / plan.tokens_per_step * step if train_tokens else None
     downtime = cost.downtime_s or 0.0
     good = run_goodput(sc, ckpt_bytes=cost.total_bytes, write_s=cost.write_s, downtime_s=downtime,
