@@ -207,15 +207,17 @@ class _Section:
         minimum: float = 0.0,
         inclusive: bool = False,
         maximum: float | None = None,
+        rule: str = "",
     ) -> Any:
-        """A plain finite number (int or float, not a boolean or a string) > ``minimum`` (or >=), as float."""
+        """A plain finite number (int or float, not a boolean or a string) > ``minimum`` (or >=) and <=
+        ``maximum``, as float; ``rule`` words the range in the error (default: from the bounds)."""
         if not self.has(key) and default is not _MISSING:
             return default
         value = self.raw(key)
-        rel = ">=" if inclusive else ">"
-        rule = "a positive number" if (minimum == 0 and not inclusive) else f"a number {rel} {minimum:g}"
-        if maximum is not None:
-            rule = f"{rule} and <= {maximum:g}"
+        if not rule:
+            rel = ">=" if inclusive else ">"
+            rule = "a positive number" if (minimum == 0 and not inclusive) else f"a number {rel} {minimum:g}"
+            rule += f" and <= {maximum:g}" if maximum is not None else ""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.err(key, f"must be {rule} (got {_what(value)})")
         ok = value >= minimum if inclusive else value > minimum
@@ -225,15 +227,7 @@ class _Section:
 
     def fraction(self, key: str, default: Any = _MISSING) -> Any:
         """A number in (0, 1] (an efficiency, a share), as float."""
-        if not self.has(key) and default is not _MISSING:
-            return default
-        value = self.raw(key)
-        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-                or not 0.0 < value <= 1.0):
-            plain = isinstance(value, (int, float)) and not isinstance(value, bool)
-            shown = repr(value) if plain else _what(value)
-            raise self.err(key, f"must be a fraction in (0, 1] (got {shown})")
-        return float(value)
+        return self.number(key, default, maximum=1.0, rule="a fraction in (0, 1]")
 
     def date(self, key: str, default: Any = _MISSING) -> Any:
         """An ISO date, ``YYYY-MM-DD`` or ``YYYY-MM``, as the string written (a YAML date: ``YYYY-MM-DD``)."""

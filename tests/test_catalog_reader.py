@@ -24,6 +24,7 @@ from fmsim.catalog.offers import (
 from fmsim.cli import main
 from fmsim.errors import ConfigError
 from fmsim.yaml_safe import MAX_FILE_BYTES, read_yaml_file
+from test_catalog_hardware import _minimal as _hardware_minimal
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "catalogs.md"
@@ -59,24 +60,12 @@ def test_the_repository_catalog_loads_every_entry_of_every_file():
 
 
 def _minimal() -> dict:
-    return {
-        "accelerators": {"chip": {
-            "vendor": "X", "peak": {"bf16": "100 TFLOP/s"}, "hbm": "80 GiB", "hbm_bandwidth": "2 TB/s",
-            "scale_up_bandwidth": "100 GB/s",
-            "efficiency": {"gemm": {"bf16": 0.8}, "hbm": 0.85, "source": "test"}, "source": "test"}},
-        "fabrics": {"net": {"kind": "efa", "nic_bandwidth": "100 Gbps", "latency": "10 us",
-                            "efficiency": 0.8, "source": "test"}},
-        "links": {"lnk": {"latency": "2 us", "efficiency": 0.8, "source": "test"}},
-        "instances": {"box": {"accelerator": "chip", "accelerators": 8,
-                              "scale_up": {"kind": "nvswitch", "link": "lnk"},
-                              "network": {"fabric": "net", "nics": 4}, "source": "test"}},
-        "prices": {"box": {"on-demand": [{"usd_per_hour": 10.0, "date": "2026-01-01", "source": "test"}]}},
-        "storage": {"fsx": {"kind": "fsx-lustre", "throughput_per_tib": "250 MB/s", "usd_per_gb_month": 0.1,
-                            "price_date": "2026-01", "source": "test"}},
-        "failure_rates": {"fleet": {"period_days": 54, "gpus": 16, "nodes": 2,
-                                    "components": {"gpu": {"per": "gpu", "rate": 2e-4}}, "source": "test"}},
-        "ultracluster": {"default": {"oversubscription": 1.0, "source": "test"}},
-    }
+    """test_catalog_hardware's minimal tree (one of each hardware kind), plus a fleet and an UltraCluster."""
+    data = _hardware_minimal()
+    data["failure_rates"] = {"fleet": {"period_days": 54, "gpus": 16, "nodes": 2,
+                                       "components": {"gpu": {"per": "gpu", "rate": 2e-4}}, "source": "test"}}
+    data["ultracluster"] = {"default": {"oversubscription": 1.0, "source": "test"}}
+    return data
 
 
 def _set(data: dict, path: str, value) -> dict:
@@ -247,6 +236,29 @@ def test_a_run_that_loads_a_bad_catalog_exits_2_with_the_located_line(tree, caps
     scenario = ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml"
     line = _cli_error(capsys, ("run", str(scenario), "--estimate"))
     assert line == f"{HW}: links.lnk.latency: '-2 us' must be > 0 (expected one hop, e.g. '3 us')"
+
+
+def test_lint_over_a_folder_says_a_catalog_error_once(tree, capsys):
+    bad = _set(_minimal(), "instances/box/network/nics", -4)
+    (tree / "hardware_catalog" / "hw.yaml").write_text(yaml.safe_dump(bad))
+    line = _cli_error(capsys, ("lint", str(ROOT / "scenarios" / "examples")))   # one line, not one per file
+    assert line == f"{HW}: instances.box.network.nics: -4 is less than 1 (expected an integer >= 1)"
+
+
+def test_the_explorer_shows_a_catalog_error_with_st_error_not_a_traceback(tree):
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    bad = _set(_minimal(), "fabrics/net/efficiency", 0)
+    (tree / "hardware_catalog" / "hw.yaml").write_text(yaml.safe_dump(bad))
+    st.cache_resource.clear()   # the explorer keeps the catalog per server
+    try:
+        at = AppTest.from_file(str(ROOT / "app" / "pages" / "4_Catalog.py"), default_timeout=60).run()
+    finally:
+        st.cache_resource.clear()
+    assert not at.exception
+    shown = " ".join(e.value for e in at.error).replace("\\", "")
+    assert "hardware_catalog/hw.yaml: fabrics.net.efficiency: must be a fraction in (0, 1] (got 0)" in shown
 
 
 def test_outside_the_working_directory_errors_name_the_full_path(tree, capsys, tmp_path_factory):
