@@ -135,6 +135,12 @@ HOSTILE = [
     ("not a date", ("prices/box/on-demand", [{"usd_per_hour": 1, "date": "last June", "source": "t"}]),
      f"{HW}: prices.box.on-demand[0].date: must be a date, YYYY-MM-DD or YYYY-MM "
      "(got a string ('last June'))"),
+    ("empty GEMM fractions", ("accelerators/chip/efficiency/gemm", {}),
+     f"{HW}: accelerators.chip.efficiency.gemm: names no precision (expected a fraction per precision, "
+     "e.g. {bf16: 0.8})"),
+    ("a price without an option", ("prices/box", {"source": "t"}),
+     f"{HW}: prices.box: has no pricing option (expected one or more of on-demand, capacity-block, "
+     "savings-plan-1yr, savings-plan-3yr)"),
     ("unknown choice", ("instances/box/scale_up/kind", "nvswich"),
      f"{HW}: instances.box.scale_up.kind: 'nvswich' is not valid (did you mean 'nvswitch'?)"),
     ("unknown key", ("instances/box/host_memroy", "1 TiB"),
@@ -222,6 +228,10 @@ def test_a_bad_model_or_stack_catalog_file_is_refused_the_same_way(tree, capsys)
     (tree / "model_catalog" / "m.yaml").write_text("modles: {}\n")
     assert _cli_error(capsys) == ("model_catalog/m.yaml: modles: unknown section 'modles' "
                                   "(did you mean 'models'?)")
+    (tree / "model_catalog" / "m.yaml").write_text(
+        "models:\n  m: {layers: 2, hidden: 64, heads: 4, vocab: 100, source: 7}\n")
+    assert _cli_error(capsys) == ("model_catalog/m.yaml: models.m.source: got a number (7) (expected text "
+                                  "naming the document and table, or the repository, file and commit)")
     (tree / "model_catalog" / "m.yaml").unlink()
     (tree / "stack_catalog").mkdir()
     (tree / "stack_catalog" / "s.yaml").write_text(

@@ -92,6 +92,7 @@ def _models(directory: Path) -> dict[str, Any]:
 
     out = {}
     for n, e in entries(read_folder(directory), "models", (*MODEL_KEYS,), "model"):
+        e.source()   # text (or a list of texts), not empty: the catalog's rule; the architecture checks the rest
         out[n] = model_from_mapping(e.data, name=n, file=e.file, where=e.where, require_source=True)
     return out
 

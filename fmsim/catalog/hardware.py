@@ -64,6 +64,8 @@ def load_accelerator(name: str, e: _Entry) -> Accelerator:
     eff = e.section("efficiency", EFFICIENCY_KEYS, required=True)
     if isinstance(eff.raw("gemm"), Mapping):
         gemm = _precision_fractions(eff, "gemm", peaks, name)
+        if not gemm:
+            raise eff.err("gemm", "names no precision (expected a fraction per precision, e.g. {bf16: 0.8})")
     else:
         gemm = {"bf16": eff.fraction("gemm")}
     return Accelerator(

@@ -44,6 +44,9 @@ def load_prices(instance: str, e: _Entry, instances: Mapping[str, Instance]) -> 
     e.notes()
     if e.has("source"):
         e.source()
+    if not any(k in PRICING_OPTIONS for k in e.data):
+        raise ConfigError(f"has no pricing option (expected one or more of {', '.join(PRICING_OPTIONS)})",
+                          file=e.file, field=e.where)
     out = []
     for option in (k for k in e.data if k in PRICING_OPTIONS):   # in the file's order
         rows = e.raw(option, None)
