@@ -55,6 +55,7 @@ def _precision_fractions(eff: _Entry, key: str, peaks: Mapping[str, float], name
 
 
 def load_accelerator(name: str, e: _Entry) -> Accelerator:
+    e.notes()
     peak = e.section("peak", PEAK_KEYS, required=True, what="a mapping of precision: dense FLOP/s")
     peaks = {p: peak.quantity(p, parse_flop_rate, None, expected="dense FLOP/s, e.g. '989 TFLOP/s'")
              for p in PRECISIONS}
