@@ -271,16 +271,14 @@ def test_the_explorer_shows_a_catalog_error_with_st_error_not_a_traceback(tree):
     assert "hardware_catalog/hw.yaml: fabrics.net.efficiency: must be a fraction in (0, 1] (got 0)" in shown
 
 
-def test_outside_the_working_directory_errors_name_the_full_path(tree, capsys, tmp_path_factory):
+def test_outside_the_working_directory_errors_name_the_full_path(tree, monkeypatch, tmp_path_factory):
     bad = _set(_minimal(), "fabrics/net/kind", "efaa")
     (tree / "hardware_catalog" / "hw.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError) as err:
         load_catalog(str(tree))
     assert err.value.file == "hardware_catalog/hw.yaml"
     load_catalog.cache_clear()
-    elsewhere = tmp_path_factory.mktemp("elsewhere")
-    import os
-    os.chdir(elsewhere)
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
     with pytest.raises(ConfigError) as err:
         load_catalog(str(tree))
     assert err.value.file == str(tree / "hardware_catalog" / "hw.yaml")
