@@ -144,6 +144,10 @@ def _load_all(args: argparse.Namespace) -> tuple[list[Any], list[str], int]:
 
     overrides = _overrides(args)
     files, errors = expand_paths(args.paths)
+    if files:  # a broken catalog file is one line (exit 2), not the same line once per scenario file
+        from .catalog import load_catalog
+
+        load_catalog()
     scenarios = []
     for f in files:
         try:

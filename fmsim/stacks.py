@@ -144,11 +144,14 @@ def _setting(entry: Any, path: str, body: Any, where: str) -> StackSetting:
 
 
 def load_stacks(directory: Path) -> dict[str, StackProfile]:
-    """Every profile in ``directory/*.yaml`` (section ``stacks:``); an absent folder holds none."""
+    """Every profile in ``directory/*.yaml`` (section ``stacks:``), each file read strictly and each entry
+    checked for :data:`PROFILE_KEYS` by the catalogs' reader (:mod:`fmsim.catalog.files`); an absent
+    folder holds none."""
     if not directory.is_dir():
         return {}
-    from .catalog import _entries, _sections
-    return {n: _load_profile(n, e) for n, e in _entries(_sections(directory), "stacks")}
+    from .catalog.files import entries, read_folder
+    return {n: _load_profile(n, e) for n, e in entries(read_folder(directory, ("stacks",)), "stacks",
+                                                         PROFILE_KEYS, "stack profile")}
 
 
 def _nest(out: dict[str, Any], path: str, value: Any) -> None:

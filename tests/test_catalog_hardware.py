@@ -353,7 +353,7 @@ def test_an_unknown_key_is_refused_with_did_you_mean(tmp_path):
     data = _minimal()
     data["instances"]["box"]["host_memroy"] = "1 TiB"
     with pytest.raises(ConfigError,
-                       match=r"instances\.box\.host_memroy: unknown key \(did you mean 'host_memory'"):
+                       match=r"instances\.box\.host_memroy: unknown key 'host_memroy' \(did you mean 'host_memory'"):
         _load(tmp_path, data)
 
 
