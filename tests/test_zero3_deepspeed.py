@@ -128,12 +128,12 @@ def test_the_file_round_trips_its_fetch():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"zero": 1}, r"parallelism\.param_fetch: deepspeed with zero: 1 \(expected zero: 3"),
-    ({"pp": 2, "dp": "auto"}, r"parallelism\.param_fetch: deepspeed with pp 2, vpp 1 \(expected pp: 1"),
+    ({"pp": 2, "dp": "auto", "param_fetch": "deepspeed"},
+     r"parallelism\.param_fetch: deepspeed with zero: 3 and pp 2, vpp 1 \(expected pp: 1"),
     ({"param_fetch": "unit", "grad_reduce_op": "all-reduce"},
-     r"parallelism\.grad_reduce_op: all-reduce with zero: 3 \(expected reduce-scatter, or param_fetch: deepspeed"),
+     r"parallelism\.grad_reduce_op: all-reduce with zero: 3 and param_fetch: unit \(expected reduce-scatter"),
     ({"zero": 0, "param_fetch": "unit", "grad_reduce_op": "reduce-scatter"},
-     r"parallelism\.grad_reduce_op: reduce-scatter with zero: 0 \(expected zero >= 1"),
+     r"parallelism\.grad_reduce_op: reduce-scatter with zero: 0 and param_fetch: unit \(expected all-reduce"),
     ({"param_fetch": "deepspeeed"}, r"parallelism\.param_fetch: 'deepspeeed' is not valid"),
 ])
 def test_bad_fetch_settings_name_the_field(change, message):
@@ -143,9 +143,31 @@ def test_bad_fetch_settings_name_the_field(change, message):
         scenario_from_mapping(data, file="x.yaml")
 
 
+def test_the_fetch_is_a_zero3_setting():
+    """deepspeed-0.3 on a ZeRO-1 plan (a search's variant, say): nothing is fetched and the gradients are
+    reduce-scattered as any ZeRO-1 run's, the same numbers as without the DeepSpeed settings."""
+    data = yaml.safe_load(ROW.read_text())
+    data["parallelism"]["zero"] = 1
+    sc = scenario_from_mapping(data, file="x.yaml")
+    assert sc.stack == "deepspeed-0.3" and sc.parallelism.param_fetch == "deepspeed"
+    plain = scenario_from_mapping(data | {"parallelism": {**data["parallelism"], "param_fetch": "unit",
+                                                          "grad_reduce_op": "reduce-scatter"}}, file="x.yaml")
+    assert fmsim.estimate(sc).to_dict() == fmsim.estimate(plain).to_dict()
+    # a search writes the stack's values into the variant's mapping: it reads back the same
+    assert scenario_from_mapping(scenario_to_mapping(sc)).parallelism == sc.parallelism
+    # a stack's all-reduce where no DeepSpeed fetch runs gives way to the default
+    data["parallelism"].update(param_fetch="unit")
+    assert scenario_from_mapping(data, file="x.yaml").parallelism.grad_reduce_op == "reduce-scatter"
+    # ZeRO-3 over a pipeline is refused even from the stack: the DeepSpeed fetch is not modelled there
+    data["parallelism"] = {**yaml.safe_load(ROW.read_text())["parallelism"], "pp": 2, "dp": "auto"}
+    with pytest.raises(ConfigError, match=r"parallelism\.param_fetch: deepspeed with zero: 3 and pp 2.*"
+                                          r"\(set by stack 'deepspeed-0\.3'\)"):
+        scenario_from_mapping(data, file="x.yaml")
+
+
 def test_the_cli_answers_a_bad_fetch_with_one_line_and_exit_2(tmp_path, capsys):
     data = yaml.safe_load(ROW.read_text())
-    data["parallelism"]["zero"] = 2
+    data["parallelism"].update(pp=2, dp="auto", param_fetch="deepspeed")
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(data))
     assert main(["run", "--estimate", str(path)]) == 2

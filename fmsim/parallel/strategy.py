@@ -620,7 +620,10 @@ def build_plan(sc) -> Plan:
     # Megatron-Core sizes its buckets from the (dense) data-parallel group, context parallelism included
     bucket = max(DEFAULT_GRAD_BUCKET, 1_000_000 * dense_group.size) if par.grad_bucket == GRAD_BUCKET_MEGATRON \
         else par.grad_bucket
-    reduce_op = par.grad_reduce_op or default_grad_reduce_op(par.zero)
+    # grad_reduce_op is DeepSpeed ZeRO-3's (v0.3.x all-reduces its buckets); elsewhere the ZeRO stage decides
+    deepspeed = par.param_fetch == "deepspeed" and par.zero >= 3
+    reduce_op = (par.grad_reduce_op or default_grad_reduce_op(par.zero)) if deepspeed \
+        else default_grad_reduce_op(par.zero)
 
     def bucket_s(params: float, shape: GroupShape) -> float:
         t = coster.cost(reduce_op, params * grad_bytes, shape)
@@ -704,7 +707,7 @@ def build_plan(sc) -> Plan:
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits, host_offload=mem_s.host_offload)
         mem.append(mem_s)
-    if par.param_fetch == "deepspeed":
+    if deepspeed:
         # DeepSpeed ZeRO-3 (pp 1, the scenario enforces it): the gathers and reductions run inside the
         # passes, weight tensor by weight tensor, each fetch synchronising the device (fmsim.parallel.zero3)
         def grad_s(op: str, n: float) -> float:

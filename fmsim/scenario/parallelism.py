@@ -508,34 +508,34 @@ def _grad_bucket(ps: _Section) -> int:
 
 
 def _param_fetch(ps: _Section, model: Any, *, zero: int, pp: int, vpp: int) -> str:
-    """``parallelism.param_fetch``: deepspeed needs ZeRO-3, one stage holding every layer and dense layers."""
+    """``parallelism.param_fetch``: how ZeRO-3 gathers the weights (no effect below ZeRO-3). deepspeed under
+    ZeRO-3 needs one stage holding every layer and dense layers."""
     fetch = ps.choice("param_fetch", PARAM_FETCHES, "unit")
-    if fetch == "unit":
+    if fetch == "unit" or zero != 3:
         return fetch
-    if zero != 3:
-        raise ps.err("param_fetch", f"deepspeed with zero: {zero} (expected zero: 3: only ZeRO-3 gathers weights "
-                     "as the forward reaches them)", ParallelismError)
     if pp != 1 or vpp != 1:
-        raise ps.err("param_fetch", f"deepspeed with pp {pp}, vpp {vpp} (expected pp: 1 and vpp: 1: the DeepSpeed "
-                     "fetch is modelled for one stage holding every layer)", ParallelismError)
+        raise ps.err("param_fetch", f"deepspeed with zero: 3 and pp {pp}, vpp {vpp} (expected pp: 1 and vpp: 1: the "
+                     "DeepSpeed fetch is modelled for one stage holding every layer)", ParallelismError)
     if model.moe is not None or model.mla is not None:
-        raise ps.err("param_fetch", f"deepspeed with {model.name} (expected a dense model with standard attention: "
-                     "the DeepSpeed fetch is modelled for its four weight GEMMs per layer)", ParallelismError)
+        raise ps.err("param_fetch", f"deepspeed with zero: 3 and {model.name} (expected a dense model with standard "
+                     "attention: the DeepSpeed fetch is modelled for its four weight GEMMs per layer)",
+                     ParallelismError)
     return fetch
 
 
 def _grad_reduce_op(ps: _Section, *, zero: int, fetch: str) -> str:
-    """``parallelism.grad_reduce_op``: reduce-scatter needs ZeRO (without it every rank keeps all gradients);
-    all-reduce under ZeRO is modelled for DeepSpeed's ZeRO-3 (param_fetch: deepspeed) alone."""
-    op = ps.choice("grad_reduce_op", GRAD_REDUCE_OPS, default_grad_reduce_op(zero))
-    if op == "reduce-scatter" and zero == 0:
-        raise ps.err("grad_reduce_op", "reduce-scatter with zero: 0 (expected zero >= 1, or all-reduce: without "
-                     "ZeRO every rank keeps the whole gradient)", ParallelismError)
-    if op == "all-reduce" and zero >= 1 and fetch != "deepspeed":
-        raise ps.err("grad_reduce_op", f"all-reduce with zero: {zero} (expected reduce-scatter, or param_fetch: "
-                     "deepspeed: an all-reduce of sharded gradients is modelled for DeepSpeed's ZeRO-3 only)",
-                     ParallelismError)
-    return op
+    """``parallelism.grad_reduce_op``: a setting of DeepSpeed's ZeRO-3 (param_fetch: deepspeed), whose v0.3.x
+    all-reduces each bucket; elsewhere the reduction follows the ZeRO stage (reduce-scatter with ZeRO,
+    all-reduce without) and a file that states another is refused. A stack's value where it does not apply
+    gives way to that default."""
+    default = default_grad_reduce_op(zero)
+    op = ps.choice("grad_reduce_op", GRAD_REDUCE_OPS, default)
+    if op == default or fetch == "deepspeed":
+        return op
+    if ps.data.get("grad_reduce_op") is None:
+        return default
+    raise ps.err("grad_reduce_op", f"{op} with zero: {zero} and param_fetch: {fetch} (expected {default}: another "
+                 "reduction is modelled for DeepSpeed's ZeRO-3 only, param_fetch: deepspeed)", ParallelismError)
 
 
 def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:
