@@ -120,6 +120,19 @@ def test_the_engine_and_the_estimate_agree_and_the_fetch_is_exposed():
     assert fmsim.estimate(rs).metrics["step_time_s"] != pytest.approx(est.metrics["step_time_s"], rel=1e-3)
 
 
+def test_the_fetch_s_working_set_is_in_memory():
+    sc = load_scenario(ROW)
+    unit = load_scenario(ROW, overrides={"parallelism.param_fetch": "unit",
+                                         "parallelism.grad_reduce_op": "reduce-scatter"})
+    ds, fsdp = build_plan(sc).memory[0], build_plan(unit).memory[0]
+    # at least one layer's largest tensor gathered (GPT-3 175B's MLP GEMMs: 604M elements, fp16) and at most
+    # the live limit plus the prefetch bucket; a 5e8-element bucket of fp16 gradients waiting
+    extra_w = ds.weights - fsdp.weights
+    assert 2 * 604e6 <= extra_w <= 2 * (MAX_LIVE_PARAMETERS + 2 * 604e6)
+    assert ds.gradients - fsdp.gradients == pytest.approx(2 * 5e8)
+    assert ds.activations == fsdp.activations and ds.optimizer == fsdp.optimizer
+
+
 def test_the_file_round_trips_its_fetch():
     sc = load_scenario(ROW)
     m = scenario_to_mapping(sc)

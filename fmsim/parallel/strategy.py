@@ -714,12 +714,14 @@ def build_plan(sc) -> Plan:
             t = coster.cost(op, n * grad_bytes, dense_group)
             return t + (coster.cost("all-reduce", n * grad_bytes / dense_group.size, replicas) if hybrid else 0.0)
 
-        stage0, post_step = deepspeed_stage(stages[0], model, tp=tp, seq_len=w.seq_len, group=dense_group.size,
+        stage0, post_step, working = deepspeed_stage(stages[0], model, tp=tp, seq_len=w.seq_len, group=dense_group.size,
                                   gather_s=lambda n: coster.cost("all-gather", n * weight_bytes, dense_group),
                                   collective_s=grad_s, grad_op=reduce_op, weight_bytes=weight_bytes,
                                   grad_bytes=grad_bytes, hbm_bytes_per_s=hbm, bucket=bucket,
                                   slowdown=overlap_slowdown(inst))
         stages, buckets, gathers, opt = (stage0,), [()], [0.0], [opt[0] + post_step]
+        mem = [dataclasses.replace(mem[0], weights=mem[0].weights + working.weights,
+                                   gradients=mem[0].gradients + working.gradients)]
     return Plan(
         name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
         seq_len=w.seq_len, global_batch=w.global_batch, micro_batch=w.micro_batch, num_microbatches=m,

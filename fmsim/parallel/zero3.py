@@ -94,10 +94,11 @@ def step_trace(layer_numels: Sequence[Sequence[float]], embedding_numel: float, 
 
 
 def chain_s(uses: Sequence[Use], *, gather_s: Callable[[float], float],
-            reduce_s: Callable[[tuple[float, ...]], float], bucket: float, slowdown: float) -> list[float]:
+            reduce_s: Callable[[tuple[float, ...]], float], bucket: float, slowdown: float,
+            peak: list[float] | None = None) -> list[float]:
     """Time of each interval of the trace (the last one also carries the final bucket's reduction).
     ``gather_s``: one tensor's gather, by elements; ``reduce_s``: one bucket's reduction, by its tensors'
-    elements."""
+    elements. ``peak``, when given, receives the most elements gathered at once (in use and in flight)."""
     n = len(uses)
     # the elements the trace uses between a use and the next use of the same tensor (release rule)
     next_use: dict[int, int] = {}
@@ -114,6 +115,7 @@ def chain_s(uses: Sequence[Use], *, gather_s: Callable[[float], float],
     inflight: dict[int, float] = {}      # prefetched, their gathers issued
     in_bucket = 0.0
     bucket_tensors: list[float] = []
+    most = 0.0
     out = []
     for i, u in enumerate(uses):
         t = 0.0
@@ -142,6 +144,7 @@ def chain_s(uses: Sequence[Use], *, gather_s: Callable[[float], float],
                 inflight[v.tensor] = v.numel
                 beside += gather_s(v.numel)
                 got += v.numel
+        most = max(most, sum(live.values()) + sum(inflight.values()))
         c = u.compute_s
         t += max(c + slowdown * min(c, beside), beside)
         if reuse[i] >= MAX_REUSE_DISTANCE:
@@ -149,6 +152,8 @@ def chain_s(uses: Sequence[Use], *, gather_s: Callable[[float], float],
         out.append(t)
     if out:
         out[-1] += reduce_s(tuple(bucket_tensors)) if bucket_tensors else 0.0
+    if peak is not None:
+        peak.append(most)
     return out
 
 
@@ -168,7 +173,8 @@ def deepspeed_stage(stage, model, *, tp: int, seq_len: int, group: int, gather_s
                     grad_bytes: float, hbm_bytes_per_s: float, bucket: float, slowdown: float):
     """(``stage``, a :class:`fmsim.parallel.strategy.StageCost` holding every layer, with DeepSpeed's fetch:
     the gathers and gradient reductions its passes expose, as ``dp`` communication of its forward and
-    backward; the seconds the step adds after the optimizer, gathering the persistent tensors). ``gather_s(elements)``: one tensor's all-gather over the ``group`` ranks;
+    backward; the seconds the step adds after the optimizer, gathering the persistent tensors; the
+    :class:`WorkingSet` of memory the fetch and the gradient buckets hold). ``gather_s(elements)``: one tensor's all-gather over the ``group`` ranks;
     ``collective_s(op, elements)``: one gradient collective (its precision and hybrid replicas included);
     ``grad_op``: all-reduce (DeepSpeed before v0.5.0: each bucket all-reduced, then each rank keeps its
     shard) or reduce-scatter (v0.5.0: one per tensor); ``bucket``: elements per gradient bucket (0: one per
@@ -209,7 +215,8 @@ def deepspeed_stage(stage, model, *, tp: int, seq_len: int, group: int, gather_s
                                       + list_copies_s(n * grad_bytes, group, hbm_bytes_per_s) for n in tensors)
         return memo_r[tensors]
 
-    times = chain_s(uses, gather_s=g, reduce_s=r, bucket=bucket or sum(one), slowdown=slowdown)
+    peak: list[float] = []
+    times = chain_s(uses, gather_s=g, reduce_s=r, bucket=bucket or sum(one), slowdown=slowdown, peak=peak)
     fwd_dp = max(0.0, sum(times[:start]) - fwd)
     bwd_dp = max(0.0, sum(times[start:]) - bwd - stage.recompute_s)
     # after the optimizer step every rank gathers the persistent (small) tensors again, in one
@@ -221,8 +228,23 @@ def deepspeed_stage(stage, model, *, tp: int, seq_len: int, group: int, gather_s
     if small:
         post = (gather_s(total) + list_copies_s(total * weight_bytes, group, hbm_bytes_per_s)
                 + len(small) * group * KERNEL_FIXED_S + 2 * total * weight_bytes / hbm_bytes_per_s)
+    # the device also holds what the fetch gathers (the most at once, and the persistent tensors whole) and
+    # the gradients waiting for their bucket's reduction: v0.3.x keeps each parameter's full-size .grad until
+    # its bucket is reduced (up to a bucket of them); with contiguous gradients (v0.5.0's reduce-scatter path)
+    # two ipg_buffer of reduce_bucket_size elements, swapped under overlap_comm (stage3.py @f2843244)
+    bucket_elems = min(bucket or sum(one), sum(one) * model.layers + emb)
+    working = WorkingSet(weights=(peak[0] + total) * weight_bytes,
+                         gradients=bucket_elems * grad_bytes * (1 if grad_op == "all-reduce" else 2))
     return dataclasses.replace(stage, fwd_comm={**stage.fwd_comm, "dp": fwd_dp},
-                               bwd_comm={**stage.bwd_comm, "dp": bwd_dp}), post
+                               bwd_comm={**stage.bwd_comm, "dp": bwd_dp}), post, working
+
+
+@dataclass(frozen=True, slots=True)
+class WorkingSet:
+    """Bytes DeepSpeed's ZeRO-3 holds beyond the shards: gathered weights, gradients awaiting reduction."""
+
+    weights: float
+    gradients: float
 
 
 def persistent_tensors(model, tp: int) -> list[float]:
@@ -237,5 +259,5 @@ def persistent_tensors(model, tp: int) -> list[float]:
     return [float(n) for n in out]
 
 
-__all__ = ["deepspeed_stage", "list_copies_s", "persistent_tensors", "MAX_LIVE_PARAMETERS", "MAX_REUSE_DISTANCE", "PERSISTENCE_THRESHOLD", "PREFETCH_BUCKET_SIZE",
+__all__ = ["WorkingSet", "deepspeed_stage", "list_copies_s", "persistent_tensors", "MAX_LIVE_PARAMETERS", "MAX_REUSE_DISTANCE", "PERSISTENCE_THRESHOLD", "PREFETCH_BUCKET_SIZE",
            "Use", "chain_s", "step_trace"]
