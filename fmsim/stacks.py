@@ -35,6 +35,8 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.grad_reduce_precision": "training",
     "parallelism.param_gather_precision": "training",
     "parallelism.grad_bucket": "training",
+    "parallelism.param_fetch": "training",
+    "parallelism.grad_reduce_op": "training",
     "parallelism.gradient_accumulation_fusion": "training",
     "parallelism.activation_fp8_input": "training",
     "parallelism.cp_comm": "training",

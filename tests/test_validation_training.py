@@ -22,15 +22,17 @@ from fmsim.validate import summarize, validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 
-#: Today's level (2026-12-01, all of the session's changes merged): median 5.7 %, worst 174.2 % (MEG21T2-09).
+#: Today's level (2026-12-02): median 5.7 %, worst 85.6 % (MEG21T2-12).
 #: The median rose from 4.4 % when the A100 GEMM figure came from mamf-finder's measured sweep (0.87) instead
 #: of Korthikanti et al.'s Table 4 (0.84), which has the layout of two of the rows checked here. The six 2021 DeepSpeed ZeRO-3 rows
-#: (Narayanan et al. Table 2) take DeepSpeed's shipped reduce_bucket_size, 5e8, since their source states no
-#: DeepSpeed configuration; with it fmsim predicts them +41..+170 % too fast (with the 40M the files used to
-#: assume: -26..+15 %), so they are guarded on their own and the rest of the set keeps its tail guard (worst
-#: 25.5 %, MEG24-10). Tighten when the physics improves.
+#: (Narayanan et al. Table 2) run the DeepSpeed release of the paper's date (stack deepspeed-0.3, v0.3.13) with its
+#: shipped defaults: 5e8-element gradient buckets, all-reduced (contiguous_gradients off), and the weights
+#: gathered tensor by tensor with the device synchronised at each fetch (fmsim.parallel.zero3). fmsim predicts
+#: them +44..+86 % too fast (2026-12-01, per-layer FSDP-style gathers: +45..+174 %; with the 40M buckets the
+#: files used to assume: -26..+15 %), so they are guarded on their own and the rest of the set keeps its tail
+#: guard (worst 25.5 %, MEG24-10). Tighten when the physics improves.
 GUARD_MEDIAN_PCT = 6.0
-GUARD_WORST_PCT = 177.0
+GUARD_WORST_PCT = 88.0
 ZERO3_2021 = {f"meg21t2-{i:02d}" for i in range(7, 13)}
 GUARD_WORST_OTHERS_PCT = 26.0
 
@@ -134,7 +136,7 @@ def test_training_validation_median_meets_the_issue_target():
     assert summarize(rows()).median_abs_pct <= 5.0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 174.2 % (meg21t2-09, 2026-12-01)")
+@pytest.mark.xfail(strict=True, reason="issue 4 target not met yet: worst 85.6 % (meg21t2-12, 2026-12-02)")
 def test_training_validation_worst_case_meets_the_issue_target():
     assert summarize(rows()).worst_abs_pct <= 15.0
 

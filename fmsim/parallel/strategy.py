@@ -43,6 +43,8 @@ from ..model.ops import (
     logits_forward,
 )
 from ..scenario import DEFAULT_GRAD_BUCKET, GRAD_BUCKET_MEGATRON
+from ..scenario.parallelism import default_grad_reduce_op
+from .zero3 import deepspeed_stage
 
 #: Optimizer step traffic per locally-owned parameter, as Megatron's mixed-precision optimizers run it
 #: (megatron/core/optimizer/optimizer.py: clip_grad_norm, then the step, then the copy back): the
@@ -618,7 +620,10 @@ def build_plan(sc) -> Plan:
     # Megatron-Core sizes its buckets from the (dense) data-parallel group, context parallelism included
     bucket = max(DEFAULT_GRAD_BUCKET, 1_000_000 * dense_group.size) if par.grad_bucket == GRAD_BUCKET_MEGATRON \
         else par.grad_bucket
-    reduce_op = "reduce-scatter" if par.zero >= 1 else "all-reduce"
+    # grad_reduce_op is DeepSpeed ZeRO-3's (v0.3.x all-reduces its buckets); elsewhere the ZeRO stage decides
+    deepspeed = par.param_fetch == "deepspeed" and par.zero >= 3
+    reduce_op = (par.grad_reduce_op or default_grad_reduce_op(par.zero)) if deepspeed \
+        else default_grad_reduce_op(par.zero)
 
     def bucket_s(params: float, shape: GroupShape) -> float:
         t = coster.cost(reduce_op, params * grad_bytes, shape)
@@ -702,6 +707,21 @@ def build_plan(sc) -> Plan:
                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
                                     logits=mem_s.logits, host_offload=mem_s.host_offload)
         mem.append(mem_s)
+    if deepspeed:
+        # DeepSpeed ZeRO-3 (pp 1, the scenario enforces it): the gathers and reductions run inside the
+        # passes, weight tensor by weight tensor, each fetch synchronising the device (fmsim.parallel.zero3)
+        def grad_s(op: str, n: float) -> float:
+            t = coster.cost(op, n * grad_bytes, dense_group)
+            return t + (coster.cost("all-reduce", n * grad_bytes / dense_group.size, replicas) if hybrid else 0.0)
+
+        stage0, post_step, working = deepspeed_stage(stages[0], model, tp=tp, seq_len=w.seq_len, group=dense_group.size,
+                                  gather_s=lambda n: coster.cost("all-gather", n * weight_bytes, dense_group),
+                                  collective_s=grad_s, grad_op=reduce_op, weight_bytes=weight_bytes,
+                                  grad_bytes=grad_bytes, hbm_bytes_per_s=hbm, bucket=bucket,
+                                  slowdown=overlap_slowdown(inst))
+        stages, buckets, gathers, opt = (stage0,), [()], [0.0], [opt[0] + post_step]
+        mem = [dataclasses.replace(mem[0], weights=mem[0].weights + working.weights,
+                                   gradients=mem[0].gradients + working.gradients)]
     return Plan(
         name=sc.name, model=model, instance=inst, nodes=cl.nodes, gpus=cl.gpus, precision=w.precision,
         seq_len=w.seq_len, global_batch=w.global_batch, micro_batch=w.micro_batch, num_microbatches=m,

@@ -31,6 +31,15 @@ EP_DISPATCHES = ("alltoall", "deepep")
 #: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
 #: fused, one grouped kernel for every expert (DeepGEMM, CUTLASS grouped GEMM)
 MOE_GROUPED_GEMMS = ("multi-stream", "fused")
+#: how ZeRO-3 brings a unit's weights in (fmsim.parallel.zero3): unit (one gather per transformer layer on a
+#: stream of its own, prefetched a task ahead: PyTorch FSDP) or deepspeed (DeepSpeed's
+#: PartitionedParameterCoordinator of v0.3.12-v0.5.x: one gather per weight tensor as its submodule is
+#: entered, the device synchronised at each fetch)
+PARAM_FETCHES = ("unit", "deepspeed")
+#: the data-parallel gradient reduction under ZeRO: reduce-scatter (each rank keeps its shard), or
+#: all-reduce (DeepSpeed ZeRO-3 without contiguous_gradients, its default before v0.5.0, all-reduces each
+#: bucket and then keeps its shard)
+GRAD_REDUCE_OPS = ("reduce-scatter", "all-reduce")
 #: Parameters per gradient bucket when neither the file (``parallelism.grad_bucket``) nor its stack states
 #: one: Megatron-Core's minimum --ddp-bucket-size. The stack profiles (stack_catalog/) state each release's
 #: own rule -- Megatron-Core's max(40M, 1M x dp) (``grad_bucket: megatron``), NeMo 2.x / Megatron-Bridge's
@@ -63,6 +72,8 @@ PARALLELISM_KEYS = (
     "cp_comm",
     "ep_dispatch",
     "moe_grouped_gemm",
+    "param_fetch",
+    "grad_reduce_op",
     "overlap",
     "order",
 )
@@ -154,6 +165,10 @@ class Parallelism:
     # token crosses the scale-out network once per destination node, at the NIC's line rate)
     ep_dispatch: str = "alltoall"
     moe_grouped_gemm: str = "multi-stream"   # MOE_GROUPED_GEMMS
+    param_fetch: str = "unit"                # PARAM_FETCHES (ZeRO-3 only)
+    # GRAD_REDUCE_OPS; unstated: reduce-scatter with ZeRO, all-reduce without (default_grad_reduce_op;
+    # "" on a record built by hand: the same rule)
+    grad_reduce_op: str = ""
     overlap: Overlap = field(default_factory=Overlap)
     order: tuple[str, ...] = DEFAULT_ORDER  # placement order of the axes, innermost first
 
@@ -179,6 +194,12 @@ def default_grad_reduce_precision(precision: str) -> str:
     megatron/training/arguments.py); fp8/fp4 recipes keep bf16 parameters, so fp32 too. An fp16 run
     (Megatron-LM ``--fp16``, DeepSpeed fp16) reduces fp16 gradients."""
     return "fp16" if precision == "fp16" else "fp32"
+
+
+def default_grad_reduce_op(zero: int) -> str:
+    """The gradient reduction when the scenario does not say: with ZeRO each rank keeps its shard
+    (reduce-scatter), without it every rank keeps the whole gradient (all-reduce)."""
+    return "reduce-scatter" if zero >= 1 else "all-reduce"
 
 
 def default_pp_comm(schedule: str) -> bool:
@@ -424,6 +445,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         moe_grouped_gemm=ps.choice("moe_grouped_gemm", MOE_GROUPED_GEMMS, "multi-stream"),
+        param_fetch=(fetch := _param_fetch(ps, model, zero=zero, pp=pp, vpp=vpp)),
+        grad_reduce_op=_grad_reduce_op(ps, zero=zero, fetch=fetch),
         overlap=overlap,
         order=order,
     )
@@ -482,6 +505,37 @@ def _grad_bucket(ps: _Section) -> int:
     except ConfigError as exc:
         raise ps.err("grad_bucket", f"{exc.message}; or unit, one bucket per layer; or megatron, "
                                     "Megatron-Core's max(40M, 1M x dp)") from None
+
+
+def _param_fetch(ps: _Section, model: Any, *, zero: int, pp: int, vpp: int) -> str:
+    """``parallelism.param_fetch``: how ZeRO-3 gathers the weights (no effect below ZeRO-3). deepspeed under
+    ZeRO-3 needs one stage holding every layer and dense layers."""
+    fetch = ps.choice("param_fetch", PARAM_FETCHES, "unit")
+    if fetch == "unit" or zero != 3:
+        return fetch
+    if pp != 1 or vpp != 1:
+        raise ps.err("param_fetch", f"deepspeed with zero: 3 and pp {pp}, vpp {vpp} (expected pp: 1 and vpp: 1: the "
+                     "DeepSpeed fetch is modelled for one stage holding every layer)", ParallelismError)
+    if model.moe is not None or model.mla is not None:
+        raise ps.err("param_fetch", f"deepspeed with zero: 3 and {model.name} (expected a dense model with standard "
+                     "attention: the DeepSpeed fetch is modelled for its four weight GEMMs per layer)",
+                     ParallelismError)
+    return fetch
+
+
+def _grad_reduce_op(ps: _Section, *, zero: int, fetch: str) -> str:
+    """``parallelism.grad_reduce_op``: a setting of DeepSpeed's ZeRO-3 (param_fetch: deepspeed), whose v0.3.x
+    all-reduces each bucket; elsewhere the reduction follows the ZeRO stage (reduce-scatter with ZeRO,
+    all-reduce without) and a file that states another is refused. A stack's value where it does not apply
+    gives way to that default."""
+    default = default_grad_reduce_op(zero)
+    op = ps.choice("grad_reduce_op", GRAD_REDUCE_OPS, default)
+    if op == default or fetch == "deepspeed":
+        return op
+    if ps.data.get("grad_reduce_op") is None:
+        return default
+    raise ps.err("grad_reduce_op", f"{op} with zero: {zero} and param_fetch: {fetch} (expected {default}: another "
+                 "reduction is modelled for DeepSpeed's ZeRO-3 only, param_fetch: deepspeed)", ParallelismError)
 
 
 def _dp_shard(ps: _Section, *, dp: int, zero: int, ep: int) -> int:

@@ -8,7 +8,7 @@ import copy
 from typing import Any
 
 from ..catalog import Catalog, load_catalog, per_core
-from .parallelism import DEFAULT_GRAD_BUCKET, GRAD_BUCKET_MEGATRON, default_pp_comm
+from .parallelism import DEFAULT_GRAD_BUCKET, GRAD_BUCKET_MEGATRON, default_grad_reduce_op, default_pp_comm
 from .run import Reliability
 from .spec import Scenario
 
@@ -82,6 +82,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
         **({"moe_grouped_gemm": par.moe_grouped_gemm} if par.moe_grouped_gemm != "multi-stream" else {}),
+        **({"param_fetch": par.param_fetch} if par.param_fetch != "unit" else {}),
+        **({"grad_reduce_op": par.grad_reduce_op} if par.grad_reduce_op not in ("", default_grad_reduce_op(par.zero)) else {}),
         "overlap": {
             "grad_reduce": par.overlap.grad_reduce,
             "param_gather": par.overlap.param_gather,

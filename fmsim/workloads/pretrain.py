@@ -210,7 +210,8 @@ def _breakdown(plan: Plan, run: RunResult, jobs: Sequence[Job] = ()) -> tuple[di
     if straggle or task_jitter:
         out["straggler"] = straggle + task_jitter
         dp_exposed = max(0.0, dp_exposed - straggle)
-    out["comm_dp"] = dp_exposed
+    # data-parallel traffic inside the passes (DeepSpeed ZeRO-3's fetch)
+    out["comm_dp"] = dp_exposed + comm.get("dp", 0.0)
     pp_exposed = _own_send_waits(run, jobs, f"stage{crit}")
     if pp_exposed:
         out["comm_pp"] = pp_exposed
@@ -420,7 +421,9 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                 for c in range(vpp))
         if v:
             out[f"comm_{k}"] = v
-    out["comm_dp"] = dp_exposed + gather
+    out["comm_dp"] = dp_exposed + gather + sum(
+        m * (plan.virtual_stage(crit, c).fwd_comm.get("dp", 0.0) + plan.virtual_stage(crit, c).bwd_comm.get("dp", 0.0))
+        for c in range(vpp))
     if own_sends:
         out["comm_pp"] = own_sends
     if straggle or plan.straggler_cv:
