@@ -270,6 +270,16 @@ class IterationWork:
     decode_ctx: float = 0.0         # sum of decode sequences' context lengths
     prefill_pairs: float = 0.0      # causal (query, key) pairs of prefill chunks: sum c*(p + (c+1)/2)
     prefill_kv_reads: float = 0.0   # context tokens whose K/V prefill attention reads (once per chunk)
+    #: With data-parallel attention each rank runs its own sequences through attention and the non-expert layers,
+    #: and the MoE layers' collectives hold every rank to the slowest: "the execution time for the Attention module
+    #: in any given iteration is bounded by the rank with the highest workload" (TensorRT-LLM tech blog 10, "ADP
+    #: Balance Strategy", NVIDIA/TensorRT-LLM@011cfc2c docs/source/blogs/tech_blog/blog10_ADP_Balance_Strategy.md).
+    #: The busiest rank's tokens, logits, prefill pairs and prefill K/V reads, each times the number of ranks (the
+    #: engine total an evenly spread batch with that rank's load would have); ``None``: the batch spread evenly.
+    rank_tokens: float | None = None
+    rank_logits: float | None = None
+    rank_prefill_pairs: float | None = None
+    rank_prefill_kv_reads: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,6 +350,9 @@ class ServingCostModel:
     local_experts: int = 0
     #: the engine's fused MoE op against the grouped-GEMM model (the catalog's ``moe_op`` for the precision)
     moe_op_fraction: float = 1.0
+    #: the part of ``elementwise_bytes_per_token`` each attention rank spends on its own tokens (norms, RoPE,
+    #: activation; not the token permutation around the experts, which sees the whole engine's tokens)
+    rank_elementwise_bytes_per_token: float = 0.0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -403,33 +416,51 @@ class ServingCostModel:
             self._expert_eff_cache[t] = e
         return e
 
-    def linear_time(self, tokens: float, logits: float) -> float:
-        """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
+    def linear_time(self, tokens: float, logits: float, rank_tokens: float | None = None,
+                    rank_logits: float | None = None) -> float:
+        """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009).
+
+        ``rank_tokens`` / ``rank_logits`` (data-parallel attention): the busiest attention rank's load as engine
+        equivalents (:class:`IterationWork`); its non-expert layers and LM head set the pace, the routed experts
+        see every rank's tokens."""
         if tokens <= 0:
             return 0.0
+        lt = tokens if rank_tokens is None else max(tokens, rank_tokens)
+        ll = logits if rank_logits is None else max(logits, rank_logits)
         f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
-        t = max(self.dense_flop_per_token * tokens / (f * self.dense_efficiency(tokens)), self.dense_weight_bytes / b)
-        t += self.elementwise_bytes_per_token * tokens / b
+        t = max(self.dense_flop_per_token * lt / (f * self.dense_efficiency(lt)), self.dense_weight_bytes / b)
+        t += (self.elementwise_bytes_per_token * tokens + self.rank_elementwise_bytes_per_token * (lt - tokens)) / b
         if self.num_experts:
             t += max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
-        if logits > 0:
-            lm_eff = (gemm_efficiency(math.ceil(logits / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
+        if ll > 0:
+            lm_eff = (gemm_efficiency(math.ceil(ll / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
                                       self.lm_k0) if self.lm_n else self.lm_gemm_eff)
-            t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
+            t += max(self.lm_flop_per_logit * ll / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
         return t
+
+    def _prefill_attention(self, w: IterationWork) -> float:
+        pairs = w.prefill_pairs if w.rank_prefill_pairs is None else max(w.prefill_pairs, w.rank_prefill_pairs)
+        reads = w.prefill_kv_reads if w.rank_prefill_kv_reads is None else max(w.prefill_kv_reads,
+                                                                               w.rank_prefill_kv_reads)
+        if pairs <= 0:
+            return 0.0
+        return max(self.attn_flop_per_pair_prefill * pairs / self.attn_flop_per_s,
+                   self.kv_read_bytes_per_ctx * reads / self.hbm_bytes_per_s)
 
     def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
         b = self.hbm_bytes_per_s
         tok = w.tokens if padded_tokens is None else padded_tokens
-        t = self.linear_time(tok, w.logits if padded_tokens is None else padded_tokens)
+        if padded_tokens is None:
+            t = self.linear_time(tok, w.logits, w.rank_tokens, w.rank_logits)
+        else:
+            t = self.linear_time(tok, padded_tokens)
         if w.decode_ctx > 0:
             t += max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
                      self.kv_read_bytes_per_ctx * w.decode_ctx / b)
-        if w.prefill_pairs > 0:
-            t += max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
-                     self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b)
-        t += self.kv_write_bytes_per_token * w.tokens / b
+        t += self._prefill_attention(w)
+        written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
+        t += self.kv_write_bytes_per_token * written / b
         return t + self.comm_time(tok) + self.kernel_fixed_s
 
     def _wall(self, gpu_s: float) -> float:
@@ -447,11 +478,12 @@ class ServingCostModel:
         b = self.hbm_bytes_per_s
         dec = max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
                   self.kv_read_bytes_per_ctx * w.decode_ctx / b) if w.decode_ctx else 0.0
-        pre = max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
-                  self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b) if w.prefill_pairs else 0.0
+        pre = self._prefill_attention(w)
         gpu = self._gpu_time(w)
-        return {"linear_s": self.linear_time(w.tokens, w.logits), "attention_decode_s": dec,
-                "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * w.tokens / b,
+        written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
+        return {"linear_s": self.linear_time(w.tokens, w.logits, w.rank_tokens, w.rank_logits),
+                "attention_decode_s": dec,
+                "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * written / b,
                 "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_fixed_s,
                 "overhead_s": self._wall(gpu) - gpu}
 
@@ -626,6 +658,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         ffn_local = dense_ffn / tp
     elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
+    rank_elementwise = elementwise
     if moe:
         # token permutation around the grouped GEMMs (TensorRT-LLM's fused MoE: expandInputRowsKernel copies
         # each token once per chosen expert into expert order, finalizeMoeRoutingKernel reads the k expert
@@ -722,7 +755,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         lm_flop_per_s=acc.gemm_flop_per_s("bf16"), hbm_bytes_per_s=hbm,
         dense_weight_bytes=dense_bytes, dense_flop_per_token=dense_flop,
         expert_weight_bytes=expert_bytes, expert_flop_per_token=expert_flop,
-        elementwise_bytes_per_token=elementwise,
+        elementwise_bytes_per_token=elementwise, rank_elementwise_bytes_per_token=rank_elementwise,
         num_experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
         lm_weight_bytes=lm_bytes, lm_flop_per_logit=lm_flop,
         kv_read_bytes_per_ctx=kv_read, kv_write_bytes_per_token=kv_read,

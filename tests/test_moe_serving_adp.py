@@ -1,0 +1,88 @@
+"""Data-parallel attention: an iteration waits for its busiest attention rank.
+
+With attention DP each rank runs its own sequences through attention and the non-expert layers, and the MoE
+layers' collectives make every rank wait for the slowest (TensorRT-LLM tech blog 10, "ADP Balance Strategy":
+"the execution time for the Attention module in any given iteration is bounded by the rank with the highest
+workload"). Its baseline scheduler sorts new requests by tokens and deals them round-robin over the ranks, so
+a prefill chunk lands on one rank while the others only decode.
+"""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from fmsim.catalog import load_catalog
+from fmsim.engine.serving_des import Job, ReplicaEngine
+from fmsim.model.serving_cost import IterationWork, build_cost_model
+
+CAT = load_catalog()
+
+
+def _cost(attention_dp: bool = True):
+    return build_cost_model(CAT.model("deepseek-r1"), CAT.instance("dgx-b200"), precision="fp4", kv_dtype="bf16",
+                            tp=1 if attention_dp else 8, ep=8, attention_dp=attention_dp, collective=None)
+
+
+def _job(prompt: int) -> Job:
+    return Job(jid=0, arrival_s=0.0, prompt=prompt, out=np.array([16]))
+
+
+def _busiest(cost, chunks, n):
+    return ReplicaEngine._busiest_rank(types.SimpleNamespace(cost=cost), chunks, n)
+
+
+def _work(cost, chunks, n, ctx=2048.0, **rank):
+    pairs = sum(cost.prefill_pairs(c, 0) for _, c in chunks)
+    tokens = n + sum(c for _, c in chunks)
+    return IterationWork(tokens=tokens, logits=n + len(chunks), decode_seqs=n, decode_ctx=n * ctx,
+                         prefill_pairs=pairs, prefill_kv_reads=float(sum(c for _, c in chunks)), **rank)
+
+
+def test_one_prefill_chunk_makes_the_iteration_wait_for_its_rank():
+    cost = _cost()
+    chunks = [(_job(1024), 1024)]
+    rank = _busiest(cost, chunks, 3072)
+    assert rank["rank_tokens"] == 3072 + 8 * 1024      # its 384 decodes and the whole chunk, times 8 ranks
+    even = cost.iteration_time(_work(cost, chunks, 3072))
+    busiest = cost.iteration_time(_work(cost, chunks, 3072, **rank))
+    assert busiest > even * 1.05
+    # the routed experts see every rank's tokens either way: only the rank-local parts grow
+    assert cost.breakdown(_work(cost, chunks, 3072, **rank))["attention_prefill_s"] == pytest.approx(
+        8 * cost.breakdown(_work(cost, chunks, 3072))["attention_prefill_s"], rel=1e-9)
+
+
+def test_a_chunk_per_rank_is_the_even_spread():
+    cost = _cost()
+    chunks = [(_job(1024), 1024) for _ in range(8)]
+    rank = _busiest(cost, chunks, 3072)
+    assert rank["rank_tokens"] == pytest.approx(3072 + 8 * 1024)
+    assert cost.iteration_time(_work(cost, chunks, 3072, **rank)) == pytest.approx(
+        cost.iteration_time(_work(cost, chunks, 3072)), rel=1e-12)
+
+
+def test_round_robin_gives_rank_zero_the_largest_chunk_of_each_round():
+    cost = _cost()
+    sizes = [100, 900, 300, 500, 200, 800, 700, 400, 600]   # 9 chunks over 8 ranks: rank 0 takes 900 and 100
+    rank = _busiest(cost, [(_job(s), s) for s in sizes], 0)
+    assert rank["rank_tokens"] == 8 * (900 + 100)
+
+
+@pytest.mark.parametrize("chunks", [[], [(1024, 1024)]])
+def test_plain_tensor_parallel_and_decode_only_iterations_are_unchanged(chunks):
+    jobs = [(_job(p), c) for p, c in chunks]
+    assert _busiest(_cost(attention_dp=False), jobs, 256) == {}
+    if not chunks:
+        assert _busiest(_cost(), jobs, 256) == {}
+
+
+def test_the_busiest_rank_never_speeds_an_iteration():
+    cost = _cost()
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        sizes = [int(s) for s in rng.integers(1, 2048, size=int(rng.integers(1, 20)))]
+        chunks = [(_job(s), s) for s in sizes]
+        n = int(rng.integers(0, 4000))
+        assert cost.iteration_time(_work(cost, chunks, n, **_busiest(cost, chunks, n))) >= \
+            cost.iteration_time(_work(cost, chunks, n)) * (1 - 1e-12)
