@@ -86,3 +86,43 @@ def test_the_busiest_rank_never_speeds_an_iteration():
         n = int(rng.integers(0, 4000))
         assert cost.iteration_time(_work(cost, chunks, n, **_busiest(cost, chunks, n))) >= \
             cost.iteration_time(_work(cost, chunks, n)) * (1 - 1e-12)
+
+
+def test_trtllm_moves_tokens_by_allgather_and_reduce_scatter_as_its_cutlass_moe_does():
+    """TensorRT-LLM's CUTLASS MoE with attention DP all-gathers the quantized tokens (with their top-k ids and
+    weights) and reduce-scatters the 16-bit outputs (fused_moe_cutlass.py); the other engines' profiles keep
+    the all-to-all dispatch and combine."""
+    from fmsim.model.serving_cost import ENGINES
+
+    assert ENGINES["trtllm"].moe_comm == "allgather"
+    assert {e.moe_comm for n, e in ENGINES.items() if n != "trtllm"} == {"all-to-all"}
+    calls = []
+
+    def coll(op, size, group, per_node=None):
+        calls.append((op, size, group))
+        return 1e-6
+
+    model, inst = CAT.model("deepseek-r1"), CAT.instance("dgx-b200")
+    kw = dict(precision="fp4", kv_dtype="bf16", tp=1, ep=8, attention_dp=True, collective=coll)
+    ag = build_cost_model(model, inst, moe_comm="allgather", **kw)
+    a2a = build_cost_model(model, inst, **kw)
+    calls.clear()
+    layers = model.num_moe_layers
+    assert ag.comm_time(3072) == pytest.approx(layers * 2e-6, rel=1e-12)   # one gather + one scatter per layer
+    assert len(calls) == 2
+    assert ("all-gather", 3072 * (model.hidden * 0.5625 + 8 * 8), 8) in calls
+    assert ("reduce-scatter", 3072 * model.hidden * 2.0, 8) in calls
+    # the finalize kernel writes a row for every gathered token, not only the rank's own
+    assert ag.elementwise_bytes_per_token - a2a.elementwise_bytes_per_token == pytest.approx(
+        layers * model.hidden * 2.0 * (1 - 1 / 8), rel=1e-9)
+    # plain tensor parallelism has no token exchange to choose
+    tp8 = build_cost_model(model, inst, moe_comm="allgather", **{**kw, "tp": 8, "attention_dp": False})
+    assert tp8.moe_comm == "all-to-all" and tp8.num_all_to_all == 0
+
+
+def test_an_unknown_moe_exchange_is_refused():
+    from fmsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="moe_comm"):
+        build_cost_model(CAT.model("deepseek-r1"), CAT.instance("dgx-b200"), precision="fp4", kv_dtype="bf16",
+                         tp=1, ep=8, attention_dp=True, collective=None, moe_comm="ring")

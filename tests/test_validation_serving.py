@@ -50,10 +50,12 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: B200's measured fused-MoE figure and the token permutation): inf-092 +19.5, inf-093 +42.8, inf-094 +84.9,
 #: ttc-010 +32.8, ttc-011 +41.2 % -- median 41.2, worst 84.9. 2026-12-02, after each attention-DP iteration waits
 #: for its busiest rank (TensorRT-LLM tech blog 10): +18.8, +41.0, +83.1, +27.1, +36.3 % -- median 36.3, worst
-#: 83.1; bounds at those plus a margin
+#: 83.1. Then TensorRT-LLM's MoE token exchange as its CUTLASS MoE runs it with attention DP (all-gather of the
+#: quantized tokens + reduce-scatter, fused_moe_cutlass.py; honest and faster, so worse): +24.8, +45.7, +87.3,
+#: +33.1, +41.8 % -- median 41.8, worst 87.3; bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 38.5
-GUARD_MOE_WORST_PCT = 86.0
+GUARD_MOE_MEDIAN_PCT = 43.5
+GUARD_MOE_WORST_PCT = 89.0
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():

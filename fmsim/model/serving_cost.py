@@ -105,6 +105,10 @@ class EngineProfile:
     #: (TensorRT-LLM: "--max_batch_size: Max batch size in each rank", DeepSeek-R1 best-practice blog, where
     #: concurrency 7168 runs as 8 ranks x 896), not the engine's; CUDA graphs pad each rank's batch
     limits_per_rank: bool = False
+    #: how the MoE layers of a data-parallel-attention engine move tokens to their experts: ``all-to-all``
+    #: (dispatch + combine of each token's top-k copies) or ``allgather`` (every rank gathers all ranks'
+    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back)
+    moe_comm: str = "all-to-all"
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -138,7 +142,7 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
-        limits_per_rank=True,
+        limits_per_rank=True, moe_comm="allgather",
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
@@ -147,7 +151,12 @@ ENGINES: Mapping[str, EngineProfile] = {
                "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py); with attention DP "
                "max_batch_size and max_num_tokens hold per rank (docs/source/blogs/"
                "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece911: '--max_batch_size: Max "
-               "batch size in each rank')"),
+               "batch size in each rank'); the CUTLASS MoE with attention DP quantizes the tokens, all-gathers them with their "
+               "expert ids and scales, runs the rank's experts over every gathered token and reduce-scatters the 16-bit "
+               "outputs (tensorrt_llm/_torch/modules/fused_moe/fused_moe_cutlass.py, NVIDIA/TensorRT-LLM@000a01de66: "
+               "'routing ... + fp4_allgather + FusedMoe Op + reducescatter, with AttentionDP on'); later revisions add "
+               "an all-to-all only on multi-node NVLink (GB200) or DeepEP behind an environment variable, and never when "
+               "moe_ep_size <= top_k (select_alltoall_method_type)"),
     "sglang-0.3": EngineProfile(
         name="sglang-0.3", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
         chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
@@ -353,6 +362,10 @@ class ServingCostModel:
     #: the part of ``elementwise_bytes_per_token`` each attention rank spends on its own tokens (norms, RoPE,
     #: activation; not the token permutation around the experts, which sees the whole engine's tokens)
     rank_elementwise_bytes_per_token: float = 0.0
+    #: MoE token exchange of an attention-DP engine (EngineProfile.moe_comm) and the bytes per element of the
+    #: tokens it gathers (the experts' activation precision: 1 for fp8, 0.5625 for nvfp4, 2 for 16-bit)
+    moe_comm: str = "all-to-all"
+    moe_gather_bytes: float = ACT_BYTES
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -376,9 +389,18 @@ class ServingCostModel:
                 size = tokens / self.dp_groups * self.hidden * ACT_BYTES
                 t += self.num_all_reduce * self.collective("all-reduce", size, self.tp)
             if self.num_all_to_all:
-                # dispatch / combine: every GPU sends its tokens' top-k hidden states
-                size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
-                t += self.num_all_to_all * self.collective("all-to-all", size, self.engine_gpus // self.pp)
+                group = self.engine_gpus // self.pp
+                if self.moe_comm == "allgather":
+                    # per MoE layer: all-gather every rank's quantized tokens with their top-k ids (int32) and
+                    # weights (fp32), then reduce-scatter the 16-bit outputs (nccl-tests sizes: the totals)
+                    layers = self.num_all_to_all // 2
+                    gathered = tokens * (self.hidden * self.moe_gather_bytes + self.top_k * 8)
+                    t += layers * (self.collective("all-gather", gathered, group)
+                                   + self.collective("reduce-scatter", tokens * self.hidden * ACT_BYTES, group))
+                else:
+                    # dispatch / combine: every GPU sends its tokens' top-k hidden states
+                    size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
+                    t += self.num_all_to_all * self.collective("all-to-all", size, group)
             if self.pp > 1:
                 # activations cross each stage boundary; every rank sends its shard to its peer
                 size = tokens * self.hidden * ACT_BYTES / (self.engine_gpus // self.pp)
@@ -595,7 +617,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      ep: int = 1, attention_dp: bool = False, overhead_s: float = 0.0,
                      collective: CollectiveFn | None | str = "fabric",
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
-                     kernel_fixed_s: float | None = None) -> ServingCostModel:
+                     kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all") -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -608,6 +630,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
     acc = instance.accelerator
+    if moe_comm not in ("all-to-all", "allgather"):
+        raise ConfigError(f"moe_comm must be 'all-to-all' or 'allgather' (got {moe_comm!r})")
     if tp < 1 or pp < 1 or ep < 1:
         raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     if pp > model.layers:
@@ -666,7 +690,12 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         # the rows a GPU's experts take -- all k copies under plain TP, its share with the experts spread --
         # are written and read once, and the token's own vector read and written once
         pair_rows = moe.top_k * (1.0 / gpus if groups > 1 else 1.0)
-        elementwise += n_moe * (2 * pair_rows * model.hidden + 2 * model.hidden / groups) * ACT_BYTES
+        # with an all-gather exchange the finalize kernel writes an output row for every gathered token (the
+        # reduce-scatter sums them), not only for the rank's own
+        own = 1.0 / groups
+        elementwise += n_moe * (2 * pair_rows * model.hidden
+                                + (own + (1.0 if (groups > 1 and moe_comm == "allgather") else own)) * model.hidden
+                                ) * ACT_BYTES
 
     # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
     # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
@@ -778,6 +807,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         local_experts=(max(1, moe.experts // gpus) if groups > 1 else moe.experts) if moe else 0,
         moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
+        moe_comm=moe_comm if groups > 1 else "all-to-all",
+        moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
     )
 
 
