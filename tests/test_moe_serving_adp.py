@@ -9,6 +9,7 @@ a prefill chunk lands on one rank while the others only decode.
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from fmsim.engine.serving_des import Job, ReplicaEngine
 from fmsim.model.serving_cost import IterationWork, build_cost_model
 
 CAT = load_catalog()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cost(attention_dp: bool = True):
@@ -126,3 +128,33 @@ def test_an_unknown_moe_exchange_is_refused():
     with pytest.raises(ConfigError, match="moe_comm"):
         build_cost_model(CAT.model("deepseek-r1"), CAT.instance("dgx-b200"), precision="fp4", kv_dtype="bf16",
                          tp=1, ep=8, attention_dp=True, collective=None, moe_comm="ring")
+
+
+def test_attention_kept_at_16_bits_reads_and_computes_at_16_bits():
+    """serving.attention_precision: a checkpoint that leaves its attention projections unquantized (NVIDIA's
+    NVFP4 DeepSeek-R1) stores and multiplies them at 16 bits; the rest of the model keeps its precision."""
+    model, inst = CAT.model("deepseek-r1"), CAT.instance("dgx-b200")
+    kw = dict(precision="fp4", kv_dtype="bf16", tp=1, ep=8, attention_dp=True, collective=None)
+    fp4 = build_cost_model(model, inst, **kw)
+    mixed = build_cost_model(model, inst, attention_precision="bf16", **kw)
+    same = build_cost_model(model, inst, attention_precision="fp4", **kw)
+    attn = model.layers * model.attention_params()
+    assert mixed.dense_weight_bytes - fp4.dense_weight_bytes == pytest.approx(attn * (2.0 - 0.5625), rel=1e-9)
+    acc = inst.accelerator
+    rate = acc.gemm_flop_per_s("fp4") / acc.gemm_flop_per_s("bf16")
+    assert mixed.dense_flop_per_token - fp4.dense_flop_per_token == pytest.approx(2 * attn * (rate - 1) / 8,
+                                                                                  rel=1e-9)
+    assert same == fp4 and mixed.expert_weight_bytes == fp4.expert_weight_bytes
+    w = IterationWork(tokens=3072, logits=3072, decode_seqs=3072, decode_ctx=3072 * 2048.0)
+    assert mixed.iteration_time(w) > fp4.iteration_time(w)
+
+
+def test_attention_precision_is_a_serving_setting_with_a_located_error(tmp_path):
+    import fmsim
+    from fmsim.errors import ConfigError
+
+    src = (ROOT / "scenarios" / "validation" / "inference" / "ttc-011.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(src.replace("attention_precision: bf16", "attention_precision: int3"))
+    with pytest.raises(ConfigError, match="attention_precision"):
+        fmsim.estimate(fmsim.load_scenario(bad))

@@ -617,7 +617,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      ep: int = 1, attention_dp: bool = False, overhead_s: float = 0.0,
                      collective: CollectiveFn | None | str = "fabric",
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
-                     kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all") -> ServingCostModel:
+                     kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
+                     attention_precision: str | None = None) -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -625,6 +626,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     and ``ep > 1`` it is ``tp * ep`` GPUs: ``ep`` attention groups of ``tp`` GPUs each serve their
     own sequences, and the routed experts are spread over all ``tp * ep`` GPUs, reached by
     all-to-all dispatch/combine (DeepSeek-V3 / SGLang / TensorRT-LLM "attention DP + EP").
+
+    ``attention_precision``: the precision a quantized checkpoint keeps its attention projections in (NVIDIA's
+    ModelOpt NVFP4 exports often leave ``self_attn`` at 16 bits); ``None``: ``precision``.
 
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
@@ -663,8 +667,15 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     # non-expert weights (attention, dense MLPs, shared experts, routers): TP-sharded inside an
     # attention group, replicated across groups; each GPU computes for its group's tokens
     p_nonexp = L * p_attn + n_dense * p_mlp + n_moe * (p_shared + p_router)
-    dense_bytes = p_nonexp * bw / tp
-    dense_flop = 2.0 * p_nonexp / gpus
+    # attention projections at their own precision when the checkpoint keeps them apart: their bytes as
+    # stored, their FLOPs scaled to the weights precision's GEMM rate (rate-equivalent FLOPs)
+    a_prec = attention_precision or precision
+    if a_prec not in BYTES_PER_ELEMENT:
+        raise ConfigError(f"unknown attention precision {a_prec!r}")
+    p_attn_all = L * p_attn
+    a_rate = acc.gemm_flop_per_s(precision) / acc.gemm_flop_per_s(a_prec) if a_prec != precision else 1.0
+    dense_bytes = ((p_nonexp - p_attn_all) * bw + p_attn_all * BYTES_PER_ELEMENT[a_prec]) / tp
+    dense_flop = 2.0 * (p_nonexp - p_attn_all + p_attn_all * a_rate) / gpus
     # routed experts: spread over all the engine's GPUs; FLOPs follow the top-k tokens
     expert_bytes = n_moe * (moe.experts if moe else 0) * p_expert * bw / gpus
     expert_flop = 2.0 * n_moe * (moe.top_k if moe else 0) * p_expert / gpus

@@ -106,14 +106,21 @@ def _mean_lengths(spec: InferenceSpec) -> tuple[float, float]:
     return spec.traffic.prompt_len.expected(), out
 
 
+def _attention_precision(sv: Any, precision: str) -> str | None:
+    """``serving.attention_precision``: ``auto`` (None) is the workload's precision."""
+    return None if sv.attention_precision in ("auto", precision) else sv.attention_precision
+
+
 def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype: str, tp: int, pp: int,
                ep: int, attention_dp: bool, replicas: int, spec: InferenceSpec, profile: EngineProfile,
-               collective: Any, file: str | None, isl: float, osl: float, max_isl: float) -> Pool:
+               collective: Any, file: str | None, isl: float, osl: float, max_isl: float,
+               attention_precision: str | None = None) -> Pool:
     sv = spec.serving
     cost = build_cost_model(model, instance, precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep,
                             attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
                             collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
-                            cpu_overhead_fraction=profile.cpu_overhead_fraction, moe_comm=profile.moe_comm)
+                            cpu_overhead_fraction=profile.cpu_overhead_fraction, moe_comm=profile.moe_comm,
+                            attention_precision=attention_precision)
     chunked = sv.chunked_prefill if sv.chunked_prefill is not None else profile.chunked_prefill
     frac = sv.memory_fraction if sv.memory_fraction is not None else profile.memory_fraction
     hbm = instance.accelerator.hbm_bytes
@@ -187,7 +194,8 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
             p = _make_pool(role, model=model, instance=instance, precision=precision, kv_dtype=kv_dtype,
                            tp=dtp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=reps, spec=spec,
                            profile=profile, collective=collective, file=file, isl=isl,
-                           osl=1 if role == "prefill" else osl, max_isl=max_isl)
+                           osl=1 if role == "prefill" else osl, max_isl=max_isl,
+                           attention_precision=_attention_precision(sv, precision))
             pools.append(p)
             used += p.gpus
         if used > gpus:
@@ -210,7 +218,7 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
         pools.append(_make_pool("serve", model=model, instance=instance, precision=precision, kv_dtype=kv_dtype,
                                 tp=tp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=replicas,
                                 spec=spec, profile=profile, collective=collective, file=file, isl=isl, osl=osl,
-                                max_isl=max_isl))
+                                max_isl=max_isl, attention_precision=_attention_precision(sv, precision)))
     price = price_of(instance.name, pricing)
     usd = price.usd_per_hour
     return ServingPlan(name=name, file=file, model=model, instance=instance, precision=precision, tp=tp, pp=pp,
