@@ -53,10 +53,10 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: 83.1. Then TensorRT-LLM's MoE token exchange as its CUTLASS MoE runs it with attention DP (all-gather of the
 #: quantized tokens + reduce-scatter, fused_moe_cutlass.py; honest and faster, so worse): +24.8, +45.7, +87.3,
 #: +33.1, +41.8 % -- median 41.8, worst 87.3. Then ttc-011's checkpoint's 16-bit attention projections
-#: (serving.attention_precision, the file's notes): ttc-011 +12.8 % -- median 33.1, worst 87.3; bounds at those
-#: plus a margin
+#: (serving.attention_precision, the file's notes): ttc-011 +12.8 % -- median 33.1, worst 87.3; and ttc-010's
+#: (nvidia/DeepSeek-R1-0528-FP4, its notes): +6.5 % -- median 24.8, worst 87.3; bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 35.0
+GUARD_MOE_MEDIAN_PCT = 26.5
 GUARD_MOE_WORST_PCT = 89.0
 
 
