@@ -158,3 +158,27 @@ def test_attention_precision_is_a_serving_setting_with_a_located_error(tmp_path)
     bad.write_text(src.replace("attention_precision: bf16", "attention_precision: int3"))
     with pytest.raises(ConfigError, match="attention_precision"):
         fmsim.estimate(fmsim.load_scenario(bad))
+
+
+def test_padding_captures_the_rank_s_own_limit_as_a_graph_as_tensorrt_llm_does():
+    """TensorRT-LLM with graph padding keeps the listed sizes within min(max_batch, max_tokens) and, when the list
+    holds a larger one, captures that bound too (_filter_cuda_graph_batch_sizes), so every decode batch pads
+    into a graph: a 224-sequence rank pads 172 sequences to 224, not runs them bare."""
+    from fmsim.workloads.inference import captured_graph_sizes
+
+    listed = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512)
+    assert captured_graph_sizes(listed, 224, 2048) == (1, 2, 4, 8, 16, 32, 64, 128, 224)
+    assert captured_graph_sizes(listed, 384, 1536) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 384)
+    assert captured_graph_sizes(listed, 4096, 300) == (1, 2, 4, 8, 16, 32, 64, 128, 256, 300)
+    assert captured_graph_sizes((1, 2, 4), 224, 2048) == (1, 2, 4)        # nothing larger listed: nothing added
+
+
+def test_the_h100_qwen3_row_pads_each_rank_to_its_own_limit():
+    import fmsim
+    from fmsim.workloads.inference import plan_from_scenario
+
+    plan = plan_from_scenario(fmsim.load_scenario(ROOT / "scenarios/validation/inference/inf-094.yaml"),
+                              collective=None)
+    cost = plan.pool("serve").cost
+    per_rank = plan.pool("serve").cfg.max_seqs // cost.dp_groups
+    assert cost.graph_batch_sizes[-1] == per_rank and cost.padded(172 * 8) == per_rank * 8

@@ -106,6 +106,20 @@ def _mean_lengths(spec: InferenceSpec) -> tuple[float, float]:
     return spec.traffic.prompt_len.expected(), out
 
 
+def captured_graph_sizes(sizes: tuple[int, ...], max_batch: int, max_tokens: int) -> tuple[int, ...]:
+    """The decode batch sizes an engine captures CUDA graphs for, from the configured list (sorted) and one
+    (rank's) batch and token limits: those within ``min(max_batch, max_tokens)``, and -- padding enabled, as the
+    TensorRT-LLM profile's list is -- that bound itself when the list holds a larger size, so every decode batch
+    up to the limit pads into a graph (TensorRT-LLM ``_filter_cuda_graph_batch_sizes``,
+    tensorrt_llm/_torch/pyexecutor/model_engine.py, NVIDIA/TensorRT-LLM@001e67005b: "padding to
+    max_cuda_graph_bs is acceptable"). A larger decode batch than the bound cannot occur."""
+    bound = min(max_batch, max_tokens)
+    kept = [g for g in sizes if g <= bound]
+    if bound >= 1 and any(g > bound for g in sizes) and (not kept or kept[-1] != bound):
+        kept.append(bound)
+    return tuple(kept)
+
+
 def _attention_precision(sv: Any, precision: str) -> str | None:
     """``serving.attention_precision``: ``auto`` (None) is the workload's precision."""
     return None if sv.attention_precision in ("auto", precision) else sv.attention_precision
@@ -141,11 +155,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=act) // pp
     if cost.graph_batch_sizes:
-        # graphs are captured only up to the engine's batch and token limits; a larger decode batch
-        # runs without padding (TensorRT-LLM PyTorchModelEngine keeps cuda_graph_batch_sizes <=
-        # max_batch_size and <= max_num_tokens)
-        cost = dataclasses.replace(cost, graphs_per_rank=ranks > 1, graph_batch_sizes=tuple(
-            g for g in cost.graph_batch_sizes if g * ranks <= max_seqs and g * ranks <= max_tokens))
+        cost = dataclasses.replace(cost, graphs_per_rank=ranks > 1, graph_batch_sizes=captured_graph_sizes(
+            cost.graph_batch_sizes, max_seqs // ranks, max_tokens // ranks))
     block = sv.kv_block_size or profile.kv_block_size
     blocks = cap // block
     if blocks < 1:
