@@ -243,8 +243,8 @@ def test_trtllm_limits_and_cuda_graphs_hold_per_attention_rank(cat):
     pool = plan_from_scenario(fmsim.load_scenario(path, overrides=limits)).pool("serve")
     assert (pool.cfg.max_seqs, pool.cfg.max_batch_tokens) == (8 * 96, 8 * 2048)
     assert pool.cost.graphs_per_rank
-    assert max(pool.cost.graph_batch_sizes) == 64             # graphs captured up to each rank's 96
-    assert pool.cost.padded(8 * 90) == 8 * 90                 # beyond the largest graph: unpadded
+    assert max(pool.cost.graph_batch_sizes) == 96             # listed graphs up to each rank's 96, and 96 itself
+    assert pool.cost.padded(8 * 90) == 8 * 96                 # beyond the last listed size: padded to the limit
     assert pool.cost.padded(8 * 60 + 1) == 8 * 64            # one rank's 61 pads to 64, as every rank's does
     flat = {**limits, "serving.attention_dp": False, "parallelism.tp": 8, "parallelism.ep": 1}
     plain = plan_from_scenario(fmsim.load_scenario(path, overrides=flat))

@@ -324,11 +324,14 @@ def test_iteration_work_of_a_mixed_batch_adds_its_parts():
 
 
 def test_cuda_graphs_are_captured_only_up_to_the_engine_batch_limit():
+    """Listed sizes up to the engine's limit, and -- padding enabled, the list running past it -- the limit itself
+    (TensorRT-LLM _filter_cuda_graph_batch_sizes), so a batch above the last listed size pads to the limit."""
     plan = make_plan({"traffic": {"arrival": "offline", "requests": 8, "prompt_len": 128, "output_len": 64},
                       "serving": {"engine": "trtllm", "replicas": 1, "max_seqs": 300, "max_batch_tokens": 4096}})
     cost = plan.pool("serve").cost
-    assert cost.graph_batch_sizes and max(cost.graph_batch_sizes) == 256
-    assert cost.padded(200) == 256 and cost.padded(280) == 280   # above the largest graph: no padding
+    assert cost.graph_batch_sizes and max(cost.graph_batch_sizes) == 300
+    assert 384 not in cost.graph_batch_sizes and 256 in cost.graph_batch_sizes
+    assert cost.padded(200) == 256 and cost.padded(280) == 300
 
 
 def test_a_job_preempted_after_one_sample_finished_does_not_count_that_sample_twice():

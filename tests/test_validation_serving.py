@@ -6,7 +6,8 @@ are met over the whole set, and the level reached is guarded too, median and wor
 throughput compared with the column of its definition -- all are fixed-request-count benchmarks,
 compared with run_output_tokens_per_s / run_requests_per_s, scenarios/validation/README.md; 8.6 % when
 they were compared with the steady state, 7.9 % before throughput left out the drain; latency 10.7 %
-median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values).
+median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values). 2026-12-02: throughput 6.5 % median over 43 values,
+worst 82.5 % (inf-094), after CUDA graphs are captured as TensorRT-LLM does with padding; latency 10.9 %.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -48,10 +49,18 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 
 #: MoE serving rows and today's level (2026-12-01, after grouped expert GEMMs, per-rank TensorRT-LLM limits,
 #: B200's measured fused-MoE figure and the token permutation): inf-092 +19.5, inf-093 +42.8, inf-094 +84.9,
-#: ttc-010 +32.8, ttc-011 +41.2 % -- median 41.2, worst 84.9; bounds at those plus a margin
+#: ttc-010 +32.8, ttc-011 +41.2 % -- median 41.2, worst 84.9. 2026-12-02, after each attention-DP iteration waits
+#: for its busiest rank (TensorRT-LLM tech blog 10): +18.8, +41.0, +83.1, +27.1, +36.3 % -- median 36.3, worst
+#: 83.1. Then TensorRT-LLM's MoE token exchange as its CUTLASS MoE runs it with attention DP (all-gather of the
+#: quantized tokens + reduce-scatter, fused_moe_cutlass.py; honest and faster, so worse): +24.8, +45.7, +87.3,
+#: +33.1, +41.8 % -- median 41.8, worst 87.3. Then ttc-011's checkpoint's 16-bit attention projections
+#: (serving.attention_precision, the file's notes): ttc-011 +12.8 % -- median 33.1, worst 87.3; and ttc-010's
+#: (nvidia/DeepSeek-R1-0528-FP4, its notes): +6.5 % -- median 24.8, worst 87.3. Then CUDA graphs as TensorRT-LLM
+#: captures them with padding (the rank's own limit added as the last size): +24.8, +45.7, +82.5, +5.9, +12.8 %
+#: -- median 24.8, worst 82.5; bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 44.0
-GUARD_MOE_WORST_PCT = 88.0
+GUARD_MOE_MEDIAN_PCT = 26.5
+GUARD_MOE_WORST_PCT = 85.0
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():
@@ -67,7 +76,7 @@ def _worst(latency: bool) -> float:
 
 
 def test_serving_errors_stay_at_today_s_level():
-    assert _median(latency=False) <= 8.0, f"throughput median {_median(latency=False):.1f} % (7.3 % measured)"
-    assert _worst(latency=False) <= 90.0, f"throughput worst {_worst(latency=False):.1f} % (85.8 % measured)"
+    assert _median(latency=False) <= 7.0, f"throughput median {_median(latency=False):.1f} % (6.5 % measured)"
+    assert _worst(latency=False) <= 85.0, f"throughput worst {_worst(latency=False):.1f} % (82.5 % measured)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

@@ -376,7 +376,7 @@ class ReplicaEngine:
             reads += kv_stream_tokens(c, job.prefill_past)
         dec_ctx = cost.effective_context(self.ctx) if n else 0.0
         work = IterationWork(tokens=tokens, logits=logits, decode_seqs=n, decode_ctx=dec_ctx,
-                             prefill_pairs=pairs, prefill_kv_reads=reads)
+                             prefill_pairs=pairs, prefill_kv_reads=reads, **self._busiest_rank(chunks, n))
         dt = cost.iteration_time(work)
         start = env.now
         self._interruptible = False
@@ -393,6 +393,25 @@ class ReplicaEngine:
             if job.prefill_left == 0:
                 self.prefilling.remove(job)
                 self._prefill_finished(job, now)
+
+    def _busiest_rank(self, chunks: list[tuple[Job, int]], n: int) -> dict[str, float]:
+        """With data-parallel attention: the busiest rank's share of an iteration (IterationWork.rank_*).
+
+        New requests go to the ranks round-robin after sorting by their tokens (TensorRT-LLM's baseline
+        attention-DP scheduler, tech blog 10 "ADP Balance Strategy", NVIDIA/TensorRT-LLM@011cfc2c), so rank 0
+        takes the largest chunk of every round of ``ranks`` chunks; the decodes are spread evenly. Counts are
+        returned as engine equivalents (the rank's own times the ranks)."""
+        g = self.cost.dp_groups
+        if g <= 1 or not chunks:
+            return {}
+        cost = self.cost
+        mine = sorted(chunks, key=lambda jc: -jc[1])[0::g]
+        tok = sum(c for _, c in mine)
+        fin = sum(1 for j, c in mine if c == j.prefill_left)
+        pairs = sum(cost.prefill_pairs(c, j.prefill_past) for j, c in mine)
+        reads = sum(kv_stream_tokens(c, j.prefill_past) for j, c in mine)
+        return {"rank_tokens": n + g * tok, "rank_logits": n + g * fin, "rank_prefill_pairs": g * pairs,
+                "rank_prefill_kv_reads": g * reads}
 
     def _decode_macro_step(self):
         env = self.env

@@ -105,6 +105,10 @@ class EngineProfile:
     #: (TensorRT-LLM: "--max_batch_size: Max batch size in each rank", DeepSeek-R1 best-practice blog, where
     #: concurrency 7168 runs as 8 ranks x 896), not the engine's; CUDA graphs pad each rank's batch
     limits_per_rank: bool = False
+    #: how the MoE layers of a data-parallel-attention engine move tokens to their experts: ``all-to-all``
+    #: (dispatch + combine of each token's top-k copies) or ``allgather`` (every rank gathers all ranks'
+    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back)
+    moe_comm: str = "all-to-all"
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -138,7 +142,7 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
-        limits_per_rank=True,
+        limits_per_rank=True, moe_comm="allgather",
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
@@ -147,7 +151,12 @@ ENGINES: Mapping[str, EngineProfile] = {
                "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py); with attention DP "
                "max_batch_size and max_num_tokens hold per rank (docs/source/blogs/"
                "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece911: '--max_batch_size: Max "
-               "batch size in each rank')"),
+               "batch size in each rank'); the CUTLASS MoE with attention DP quantizes the tokens, all-gathers them with their "
+               "expert ids and scales, runs the rank's experts over every gathered token and reduce-scatters the 16-bit "
+               "outputs (tensorrt_llm/_torch/modules/fused_moe/fused_moe_cutlass.py, NVIDIA/TensorRT-LLM@000a01de66: "
+               "'routing ... + fp4_allgather + FusedMoe Op + reducescatter, with AttentionDP on'); later revisions add "
+               "an all-to-all only on multi-node NVLink (GB200) or DeepEP behind an environment variable, and never when "
+               "moe_ep_size <= top_k (select_alltoall_method_type)"),
     "sglang-0.3": EngineProfile(
         name="sglang-0.3", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=8192,
         chunked_prefill=True, mixed_batches=False, prefix_caching=True, kv_block_size=1,
@@ -270,6 +279,16 @@ class IterationWork:
     decode_ctx: float = 0.0         # sum of decode sequences' context lengths
     prefill_pairs: float = 0.0      # causal (query, key) pairs of prefill chunks: sum c*(p + (c+1)/2)
     prefill_kv_reads: float = 0.0   # context tokens whose K/V prefill attention reads (once per chunk)
+    #: With data-parallel attention each rank runs its own sequences through attention and the non-expert layers,
+    #: and the MoE layers' collectives hold every rank to the slowest: "the execution time for the Attention module
+    #: in any given iteration is bounded by the rank with the highest workload" (TensorRT-LLM tech blog 10, "ADP
+    #: Balance Strategy", NVIDIA/TensorRT-LLM@011cfc2c docs/source/blogs/tech_blog/blog10_ADP_Balance_Strategy.md).
+    #: The busiest rank's tokens, logits, prefill pairs and prefill K/V reads, each times the number of ranks (the
+    #: engine total an evenly spread batch with that rank's load would have); ``None``: the batch spread evenly.
+    rank_tokens: float | None = None
+    rank_logits: float | None = None
+    rank_prefill_pairs: float | None = None
+    rank_prefill_kv_reads: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -340,6 +359,13 @@ class ServingCostModel:
     local_experts: int = 0
     #: the engine's fused MoE op against the grouped-GEMM model (the catalog's ``moe_op`` for the precision)
     moe_op_fraction: float = 1.0
+    #: the part of ``elementwise_bytes_per_token`` each attention rank spends on its own tokens (norms, RoPE,
+    #: activation; not the token permutation around the experts, which sees the whole engine's tokens)
+    rank_elementwise_bytes_per_token: float = 0.0
+    #: MoE token exchange of an attention-DP engine (EngineProfile.moe_comm) and the bytes per element of the
+    #: tokens it gathers (the experts' activation precision: 1 for fp8, 0.5625 for nvfp4, 2 for 16-bit)
+    moe_comm: str = "all-to-all"
+    moe_gather_bytes: float = ACT_BYTES
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -363,9 +389,18 @@ class ServingCostModel:
                 size = tokens / self.dp_groups * self.hidden * ACT_BYTES
                 t += self.num_all_reduce * self.collective("all-reduce", size, self.tp)
             if self.num_all_to_all:
-                # dispatch / combine: every GPU sends its tokens' top-k hidden states
-                size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
-                t += self.num_all_to_all * self.collective("all-to-all", size, self.engine_gpus // self.pp)
+                group = self.engine_gpus // self.pp
+                if self.moe_comm == "allgather":
+                    # per MoE layer: all-gather every rank's quantized tokens with their top-k ids (int32) and
+                    # weights (fp32), then reduce-scatter the 16-bit outputs (nccl-tests sizes: the totals)
+                    layers = self.num_all_to_all // 2
+                    gathered = tokens * (self.hidden * self.moe_gather_bytes + self.top_k * 8)
+                    t += layers * (self.collective("all-gather", gathered, group)
+                                   + self.collective("reduce-scatter", tokens * self.hidden * ACT_BYTES, group))
+                else:
+                    # dispatch / combine: every GPU sends its tokens' top-k hidden states
+                    size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
+                    t += self.num_all_to_all * self.collective("all-to-all", size, group)
             if self.pp > 1:
                 # activations cross each stage boundary; every rank sends its shard to its peer
                 size = tokens * self.hidden * ACT_BYTES / (self.engine_gpus // self.pp)
@@ -403,33 +438,51 @@ class ServingCostModel:
             self._expert_eff_cache[t] = e
         return e
 
-    def linear_time(self, tokens: float, logits: float) -> float:
-        """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009)."""
+    def linear_time(self, tokens: float, logits: float, rank_tokens: float | None = None,
+                    rank_logits: float | None = None) -> float:
+        """Dense layers, routed experts and LM head, each a roofline (Williams et al., CACM 2009).
+
+        ``rank_tokens`` / ``rank_logits`` (data-parallel attention): the busiest attention rank's load as engine
+        equivalents (:class:`IterationWork`); its non-expert layers and LM head set the pace, the routed experts
+        see every rank's tokens."""
         if tokens <= 0:
             return 0.0
+        lt = tokens if rank_tokens is None else max(tokens, rank_tokens)
+        ll = logits if rank_logits is None else max(logits, rank_logits)
         f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
-        t = max(self.dense_flop_per_token * tokens / (f * self.dense_efficiency(tokens)), self.dense_weight_bytes / b)
-        t += self.elementwise_bytes_per_token * tokens / b
+        t = max(self.dense_flop_per_token * lt / (f * self.dense_efficiency(lt)), self.dense_weight_bytes / b)
+        t += (self.elementwise_bytes_per_token * tokens + self.rank_elementwise_bytes_per_token * (lt - tokens)) / b
         if self.num_experts:
             t += max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
                      self.expert_weight_bytes * self._touched_fraction(tokens) / b)
-        if logits > 0:
-            lm_eff = (gemm_efficiency(math.ceil(logits / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
+        if ll > 0:
+            lm_eff = (gemm_efficiency(math.ceil(ll / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
                                       self.lm_k0) if self.lm_n else self.lm_gemm_eff)
-            t += max(self.lm_flop_per_logit * logits / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
+            t += max(self.lm_flop_per_logit * ll / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
         return t
+
+    def _prefill_attention(self, w: IterationWork) -> float:
+        pairs = w.prefill_pairs if w.rank_prefill_pairs is None else max(w.prefill_pairs, w.rank_prefill_pairs)
+        reads = w.prefill_kv_reads if w.rank_prefill_kv_reads is None else max(w.prefill_kv_reads,
+                                                                               w.rank_prefill_kv_reads)
+        if pairs <= 0:
+            return 0.0
+        return max(self.attn_flop_per_pair_prefill * pairs / self.attn_flop_per_s,
+                   self.kv_read_bytes_per_ctx * reads / self.hbm_bytes_per_s)
 
     def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
         b = self.hbm_bytes_per_s
         tok = w.tokens if padded_tokens is None else padded_tokens
-        t = self.linear_time(tok, w.logits if padded_tokens is None else padded_tokens)
+        if padded_tokens is None:
+            t = self.linear_time(tok, w.logits, w.rank_tokens, w.rank_logits)
+        else:
+            t = self.linear_time(tok, padded_tokens)
         if w.decode_ctx > 0:
             t += max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
                      self.kv_read_bytes_per_ctx * w.decode_ctx / b)
-        if w.prefill_pairs > 0:
-            t += max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
-                     self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b)
-        t += self.kv_write_bytes_per_token * w.tokens / b
+        t += self._prefill_attention(w)
+        written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
+        t += self.kv_write_bytes_per_token * written / b
         return t + self.comm_time(tok) + self.kernel_fixed_s
 
     def _wall(self, gpu_s: float) -> float:
@@ -447,11 +500,12 @@ class ServingCostModel:
         b = self.hbm_bytes_per_s
         dec = max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
                   self.kv_read_bytes_per_ctx * w.decode_ctx / b) if w.decode_ctx else 0.0
-        pre = max(self.attn_flop_per_pair_prefill * w.prefill_pairs / self.attn_flop_per_s,
-                  self.kv_read_bytes_per_ctx * w.prefill_kv_reads / b) if w.prefill_pairs else 0.0
+        pre = self._prefill_attention(w)
         gpu = self._gpu_time(w)
-        return {"linear_s": self.linear_time(w.tokens, w.logits), "attention_decode_s": dec,
-                "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * w.tokens / b,
+        written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
+        return {"linear_s": self.linear_time(w.tokens, w.logits, w.rank_tokens, w.rank_logits),
+                "attention_decode_s": dec,
+                "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * written / b,
                 "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_fixed_s,
                 "overhead_s": self._wall(gpu) - gpu}
 
@@ -563,7 +617,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      ep: int = 1, attention_dp: bool = False, overhead_s: float = 0.0,
                      collective: CollectiveFn | None | str = "fabric",
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
-                     kernel_fixed_s: float | None = None) -> ServingCostModel:
+                     kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
+                     attention_precision: str | None = None) -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -572,10 +627,15 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     own sequences, and the routed experts are spread over all ``tp * ep`` GPUs, reached by
     all-to-all dispatch/combine (DeepSeek-V3 / SGLang / TensorRT-LLM "attention DP + EP").
 
+    ``attention_precision``: the precision a quantized checkpoint keeps its attention projections in (NVIDIA's
+    ModelOpt NVFP4 exports often leave ``self_attn`` at 16 bits); ``None``: ``precision``.
+
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
     acc = instance.accelerator
+    if moe_comm not in ("all-to-all", "allgather"):
+        raise ConfigError(f"moe_comm must be 'all-to-all' or 'allgather' (got {moe_comm!r})")
     if tp < 1 or pp < 1 or ep < 1:
         raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     if pp > model.layers:
@@ -607,8 +667,15 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     # non-expert weights (attention, dense MLPs, shared experts, routers): TP-sharded inside an
     # attention group, replicated across groups; each GPU computes for its group's tokens
     p_nonexp = L * p_attn + n_dense * p_mlp + n_moe * (p_shared + p_router)
-    dense_bytes = p_nonexp * bw / tp
-    dense_flop = 2.0 * p_nonexp / gpus
+    # attention projections at their own precision when the checkpoint keeps them apart: their bytes as
+    # stored, their FLOPs scaled to the weights precision's GEMM rate (rate-equivalent FLOPs)
+    a_prec = attention_precision or precision
+    if a_prec not in BYTES_PER_ELEMENT:
+        raise ConfigError(f"unknown attention precision {a_prec!r}")
+    p_attn_all = L * p_attn
+    a_rate = acc.gemm_flop_per_s(precision) / acc.gemm_flop_per_s(a_prec) if a_prec != precision else 1.0
+    dense_bytes = ((p_nonexp - p_attn_all) * bw + p_attn_all * BYTES_PER_ELEMENT[a_prec]) / tp
+    dense_flop = 2.0 * (p_nonexp - p_attn_all + p_attn_all * a_rate) / gpus
     # routed experts: spread over all the engine's GPUs; FLOPs follow the top-k tokens
     expert_bytes = n_moe * (moe.experts if moe else 0) * p_expert * bw / gpus
     expert_flop = 2.0 * n_moe * (moe.top_k if moe else 0) * p_expert / gpus
@@ -626,6 +693,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     else:
         ffn_local = dense_ffn / tp
     elementwise = L * (8 * model.hidden + 2 * qk_local + act_mult * ffn_local) * ACT_BYTES / groups
+    rank_elementwise = elementwise
     if moe:
         # token permutation around the grouped GEMMs (TensorRT-LLM's fused MoE: expandInputRowsKernel copies
         # each token once per chosen expert into expert order, finalizeMoeRoutingKernel reads the k expert
@@ -633,7 +701,12 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         # the rows a GPU's experts take -- all k copies under plain TP, its share with the experts spread --
         # are written and read once, and the token's own vector read and written once
         pair_rows = moe.top_k * (1.0 / gpus if groups > 1 else 1.0)
-        elementwise += n_moe * (2 * pair_rows * model.hidden + 2 * model.hidden / groups) * ACT_BYTES
+        # with an all-gather exchange the finalize kernel writes an output row for every gathered token (the
+        # reduce-scatter sums them), not only for the rank's own
+        own = 1.0 / groups
+        elementwise += n_moe * (2 * pair_rows * model.hidden
+                                + (own + (1.0 if (groups > 1 and moe_comm == "allgather") else own)) * model.hidden
+                                ) * ACT_BYTES
 
     # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
     # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
@@ -722,7 +795,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         lm_flop_per_s=acc.gemm_flop_per_s("bf16"), hbm_bytes_per_s=hbm,
         dense_weight_bytes=dense_bytes, dense_flop_per_token=dense_flop,
         expert_weight_bytes=expert_bytes, expert_flop_per_token=expert_flop,
-        elementwise_bytes_per_token=elementwise,
+        elementwise_bytes_per_token=elementwise, rank_elementwise_bytes_per_token=rank_elementwise,
         num_experts=moe.experts if moe else 0, top_k=moe.top_k if moe else 0,
         lm_weight_bytes=lm_bytes, lm_flop_per_logit=lm_flop,
         kv_read_bytes_per_ctx=kv_read, kv_write_bytes_per_token=kv_read,
@@ -745,6 +818,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         local_experts=(max(1, moe.experts // gpus) if groups > 1 else moe.experts) if moe else 0,
         moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
+        moe_comm=moe_comm if groups > 1 else "all-to-all",
+        moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
     )
 
 

@@ -106,14 +106,35 @@ def _mean_lengths(spec: InferenceSpec) -> tuple[float, float]:
     return spec.traffic.prompt_len.expected(), out
 
 
+def captured_graph_sizes(sizes: tuple[int, ...], max_batch: int, max_tokens: int) -> tuple[int, ...]:
+    """The decode batch sizes an engine captures CUDA graphs for, from the configured list (sorted) and one
+    (rank's) batch and token limits: those within ``min(max_batch, max_tokens)``, and -- padding enabled, as the
+    TensorRT-LLM profile's list is -- that bound itself when the list holds a larger size, so every decode batch
+    up to the limit pads into a graph (TensorRT-LLM ``_filter_cuda_graph_batch_sizes``,
+    tensorrt_llm/_torch/pyexecutor/model_engine.py, NVIDIA/TensorRT-LLM@001e67005b: "padding to
+    max_cuda_graph_bs is acceptable"). A larger decode batch than the bound cannot occur."""
+    bound = min(max_batch, max_tokens)
+    kept = [g for g in sizes if g <= bound]
+    if bound >= 1 and any(g > bound for g in sizes) and (not kept or kept[-1] != bound):
+        kept.append(bound)
+    return tuple(kept)
+
+
+def _attention_precision(sv: Any, precision: str) -> str | None:
+    """``serving.attention_precision``: ``auto`` (None) is the workload's precision."""
+    return None if sv.attention_precision in ("auto", precision) else sv.attention_precision
+
+
 def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype: str, tp: int, pp: int,
                ep: int, attention_dp: bool, replicas: int, spec: InferenceSpec, profile: EngineProfile,
-               collective: Any, file: str | None, isl: float, osl: float, max_isl: float) -> Pool:
+               collective: Any, file: str | None, isl: float, osl: float, max_isl: float,
+               attention_precision: str | None = None) -> Pool:
     sv = spec.serving
     cost = build_cost_model(model, instance, precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep,
                             attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
                             collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
-                            cpu_overhead_fraction=profile.cpu_overhead_fraction)
+                            cpu_overhead_fraction=profile.cpu_overhead_fraction, moe_comm=profile.moe_comm,
+                            attention_precision=attention_precision)
     chunked = sv.chunked_prefill if sv.chunked_prefill is not None else profile.chunked_prefill
     frac = sv.memory_fraction if sv.memory_fraction is not None else profile.memory_fraction
     hbm = instance.accelerator.hbm_bytes
@@ -134,11 +155,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=act) // pp
     if cost.graph_batch_sizes:
-        # graphs are captured only up to the engine's batch and token limits; a larger decode batch
-        # runs without padding (TensorRT-LLM PyTorchModelEngine keeps cuda_graph_batch_sizes <=
-        # max_batch_size and <= max_num_tokens)
-        cost = dataclasses.replace(cost, graphs_per_rank=ranks > 1, graph_batch_sizes=tuple(
-            g for g in cost.graph_batch_sizes if g * ranks <= max_seqs and g * ranks <= max_tokens))
+        cost = dataclasses.replace(cost, graphs_per_rank=ranks > 1, graph_batch_sizes=captured_graph_sizes(
+            cost.graph_batch_sizes, max_seqs // ranks, max_tokens // ranks))
     block = sv.kv_block_size or profile.kv_block_size
     blocks = cap // block
     if blocks < 1:
@@ -187,7 +205,8 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
             p = _make_pool(role, model=model, instance=instance, precision=precision, kv_dtype=kv_dtype,
                            tp=dtp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=reps, spec=spec,
                            profile=profile, collective=collective, file=file, isl=isl,
-                           osl=1 if role == "prefill" else osl, max_isl=max_isl)
+                           osl=1 if role == "prefill" else osl, max_isl=max_isl,
+                           attention_precision=_attention_precision(sv, precision))
             pools.append(p)
             used += p.gpus
         if used > gpus:
@@ -210,7 +229,7 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
         pools.append(_make_pool("serve", model=model, instance=instance, precision=precision, kv_dtype=kv_dtype,
                                 tp=tp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=replicas,
                                 spec=spec, profile=profile, collective=collective, file=file, isl=isl, osl=osl,
-                                max_isl=max_isl))
+                                max_isl=max_isl, attention_precision=_attention_precision(sv, precision)))
     price = price_of(instance.name, pricing)
     usd = price.usd_per_hour
     return ServingPlan(name=name, file=file, model=model, instance=instance, precision=precision, tp=tp, pp=pp,

@@ -37,7 +37,7 @@ TRAFFIC_KEYS = ("arrival", "rate", "burstiness", "concurrency", "requests", "dur
                 "prompt_len", "output_len", "max_total_len", "think_time", "cached_prefix_len")
 SERVING_KEYS = ("engine", "replicas", "max_seqs", "max_batch_tokens", "chunked_prefill", "mixed_batches",
                 "prefix_caching", "kv_block_size", "memory_fraction", "kv_cache_dtype", "admission",
-                "attention_dp", "router", "disaggregation")
+                "attention_dp", "router", "disaggregation", "attention_precision")
 DISAGG_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 TTC_KEYS = ("samples", "strategy", "revision_rounds", "thinking", "verifier")
 THINKING_KEYS = ("budget", "length")
@@ -483,6 +483,9 @@ class ServingSpec:
     attention_dp: bool = False
     router: str = "least-loaded"
     disaggregation: DisaggSpec | None = None
+    #: the precision the checkpoint keeps its attention projections in (``auto``: the workload precision; NVIDIA's
+    #: ModelOpt NVFP4 checkpoints often exclude ``self_attn`` from quantization)
+    attention_precision: str = "auto"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -614,6 +617,7 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
         attention_dp=s.boolean("attention_dp", False),
         router=s.choice("router", ROUTERS, "least-loaded"),
         disaggregation=disagg,
+        attention_precision=s.choice("attention_precision", KV_DTYPES, "auto"),
     )
 
 
