@@ -48,6 +48,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.overlap.tp_rs_dgrad": "training",
     "parallelism.overlap.ep_comm": "training",
     "cluster.network.in_network_reduction": "training",
+    "cluster.network.nvls": "training",
     "serving.engine": "serving",
     "serving.chunked_prefill": "serving",
     "serving.mixed_batches": "serving",

@@ -76,7 +76,8 @@ def _current(sc, path):
         return {"workload.attention_kernel": "flash", "workload.cross_entropy": "fused",
                 "workload.fp8_attention": False, "parallelism.activation_fp8_input": False,
                 "parallelism.gradient_accumulation_fusion": True, "parallelism.grad_bucket": "40M",
-                "cluster.network.in_network_reduction": False}[path]
+                "cluster.network.in_network_reduction": False,
+                "cluster.network.nvls": True}[path]
     return v
 
 
