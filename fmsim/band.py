@@ -72,7 +72,8 @@ class Band:
     def label(self, path: str | None = None) -> str:
         path = path if path is not None else self.most
         path = path.removesuffix(RELEASES)
-        return _LABELS.get(path, path.split(".")[-1].replace("_", " "))
+        leaf = path.split(".")[-1].replace("_", " ")
+        return _LABELS.get(path, f"{leaf} overlap" if ".overlap." in path else leaf)
 
     def reason(self) -> str:
         """What moves the band most, as a phrase: ``attention kernel unstated``, ``grad bucket as the

@@ -22,8 +22,8 @@ Each :class:`Spread` scales some catalog efficiencies of the run's instance by a
   four-adapter DGX-1 figure of NVIDIA/nccl-tests issue #29 (2019-12-06), whose one-adapter figure is 0.976
   (+1.7 %). EFA v1: 0.86 calibrated against S16's "~340 Gbps effective" of 400 (0.85, -1.2 %).
 
-Scale-up links (NVLink 4 from one run, NVLink 3 from one third-party run, NVLink 5 assumed) and Neuron
-figures have no second measurement, so no spread is taken for them.
+Scale-up links (NVLink 4 from one run, NVLink 3 from one third-party run, NVLink 5 assumed), EFA v3 (one
+run) and v4 (assumed) and the Neuron figures have no second measurement, so no spread is taken for them.
 """
 from __future__ import annotations
 

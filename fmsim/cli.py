@@ -578,6 +578,9 @@ def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *,
         print("by configuration -- " + "; ".join(parts))
     if band:
         brs = band_rows(scenarios, rows)
+        print(_table(["scenario", "metric", "band", "measured", "inside", "moved most by"],
+                     [[b.scenario, b.key, f"{format_column(b.key, b.low)}-{format_column(b.key, b.high)}",
+                       format_column(b.key, b.measured), "yes" if b.inside else "no", b.most] for b in brs]))
         for mark in sorted({b.configuration for b in brs}) + ["all"]:
             sel = [b for b in brs if mark in ("all", b.configuration)]
             inside = sum(b.inside for b in sel)
