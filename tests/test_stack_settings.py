@@ -1,4 +1,5 @@
-"""Settings the stacks needed that the schema could not state (issue 27 item 2): ``cluster.network.nvls``."""
+"""Settings the stacks needed that the schema could not state (issue 27 item 2): ``cluster.network.nvls`` and
+``workload.cross_entropy: torch`` (PyTorch's plain loss on fp32 logits)."""
 from __future__ import annotations
 
 import pytest
@@ -58,3 +59,30 @@ def test_the_mlperf_stacks_state_nvls_off_from_their_configs():
     for name in ("mlperf-v4.0-gpt3", "mlperf-v4.0-llama2-lora"):
         s = cat.stack(name).setting("cluster.network.nvls")
         assert s is not None and s.value is False and "NCCL_NVLS_ENABLE=0" in s.source
+
+
+def _ce(value=None):
+    data = _dp8()
+    data["workload"]["model"] = "llama3-8b"          # 128,256-token vocabulary against a 4,096 hidden size
+    if value is not None:
+        data["workload"]["cross_entropy"] = value
+    return data
+
+
+def test_torch_cross_entropy_sits_between_the_fused_and_megatron_s_unfused_loss():
+    from fmsim.model.ops import CROSS_ENTROPY_BYTES
+
+    assert CROSS_ENTROPY_BYTES["torch"] == (22.0, 26.0)      # 6 + 16 forward; 4 + 16 + 6 backward (ops.py)
+    step = {v: estimate(scenario_from_mapping(_ce(v))).metrics["step_time_s"] for v in ("fused", "torch", "unfused")}
+    assert step["fused"] < step["torch"] < step["unfused"]
+    sc = scenario_from_mapping(_ce("torch"))
+    assert scenario_to_mapping(sc)["workload"]["cross_entropy"] == "torch"
+    assert scenario_from_mapping(scenario_to_mapping(sc)).workload == sc.workload
+
+
+def test_a_bad_cross_entropy_names_the_values(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_ce("pytorch")))
+    assert main(["run", "--estimate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "workload.cross_entropy" in err[0] and "torch" in err[0], err

@@ -53,7 +53,7 @@ def test_the_pytorch_native_trainers_resolve_their_own_defaults_per_recipe():
         return scenario_from_mapping(data)
     olmo = resolved("olmo-core-2.5", "bf16")
     assert (olmo.parallelism.grad_bucket, olmo.parallelism.grad_reduce_precision) == (0, "fp32")   # 0: one bucket per FSDP unit
-    assert (olmo.workload.attention_kernel, olmo.workload.cross_entropy) == ("flash2", "unfused")
+    assert (olmo.workload.attention_kernel, olmo.workload.cross_entropy) == ("flash2", "torch")
     nanotron = resolved("nanotron-0.5", "bf16")
     assert (nanotron.workload.attention_kernel, nanotron.workload.cross_entropy) == ("flash2", "unfused")
     assert "parallelism.grad_bucket" not in nanotron.stated      # not determined by its code: left unstated
