@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import band_sources
 from .errors import FmsimError
-from .stacks import SETTABLE, lookup, stack_values
+from .stacks import SETTABLE, lookup, stack_defaults, stack_values
 
-__all__ = ["BAND_COLUMNS", "Band", "band", "band_columns"]
+__all__ = ["BAND_COLUMNS", "METRIC_ALIASES", "Band", "band", "band_columns", "components", "release_candidates"]
 
 #: settings no stack profile states but real runs differ in, with the values they take: in-network
 #: reduction (NVIDIA SHARP) is a fabric fact that MLPerf's and NeMo's SHARP runs switch on
@@ -36,7 +37,15 @@ BAND_COLUMNS: Mapping[str, Mapping[str, tuple[str, str]]] = {
     "training": {"step_time_s": ("step_time_low_s", "step_time_high_s")},
     "serving": {"output_tokens_per_s": ("output_tokens_per_s_low", "output_tokens_per_s_high")},
 }
-_LABELS = {"cluster.network.in_network_reduction": "in-network reduction"}
+#: a metric only the simulation reports, and the estimate's metric whose relative band it takes (a whole
+#: run's output rate over its requests, and the steady-state output rate the estimate computes)
+METRIC_ALIASES: Mapping[str, str] = {"run_output_tokens_per_s": "output_tokens_per_s"}
+_LABELS = {"cluster.network.in_network_reduction": "in-network reduction",
+           **{sp.key: sp.label for sp in band_sources.SPREADS}}
+#: suffix of a component that varies a setting the file inherits from its stack over its other releases
+RELEASES = "@releases"
+#: a variant value meaning "the path left out": the global default
+DEFAULT = object()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +71,20 @@ class Band:
 
     def label(self, path: str | None = None) -> str:
         path = path if path is not None else self.most
-        return _LABELS.get(path, path.split(".")[-1].replace("_", " "))
+        path = path.removesuffix(RELEASES)
+        leaf = path.split(".")[-1].replace("_", " ")
+        return _LABELS.get(path, f"{leaf} overlap" if ".overlap." in path else leaf)
+
+    def reason(self) -> str:
+        """What moves the band most, as a phrase: ``attention kernel unstated``, ``grad bucket as the
+        stack's other releases ship it``, ``chip speed (mamf-finder spread)``."""
+        if not self.most:
+            return "nothing it varies moves it"
+        if self.most.endswith(RELEASES):
+            return f"{self.label()} as the stack's other releases ship it"
+        if self.most.startswith("hardware."):
+            return self.label()
+        return f"{self.label()} unstated"
 
 
 def _kind(sc: Any) -> str:
@@ -102,13 +124,72 @@ def candidates(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
     return out
 
 
+def _norm(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+def release_candidates(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
+    """Settings ``sc`` inherits from its stack, each with the values its framework's other releases ship
+    for the file's precision (:data:`DEFAULT` where a release states none: the global default applies).
+
+    A setting counts as inherited where the file resolves to the stack's value (a file that repeats its
+    stack's value gets the same band as one that leaves it out); a file's own departure is not varied."""
+    from .scenario import scenario_to_mapping
+
+    profile = catalog.stacks.get(sc.stack) if sc.stack else None
+    if profile is None:
+        return {}
+    precision = sc.workload.precision
+    mine = stack_defaults(profile, precision)
+    current = scenario_to_mapping(sc, catalog=catalog)
+    siblings = [stack_defaults(p, precision) for n, p in catalog.stacks.items()
+                if n != profile.name and p.family == profile.family and p.kind == profile.kind]
+    out: dict[str, tuple[Any, ...]] = {}
+    for path in SETTABLE:
+        value = lookup(mine, path)
+        if value is None:
+            continue
+        now = lookup(current, path)
+        if now is not None and _norm(now) != _norm(value):
+            continue                               # the file departs from its stack: its own statement
+        tried: list[Any] = []
+        for d in siblings:
+            v = lookup(d, path)
+            v = DEFAULT if v is None else _norm(v)
+            if (v is DEFAULT or v != _norm(value)) and v not in tried:
+                tried.append(v)
+        if tried:
+            out[path] = tuple(tried)
+    return out
+
+
 def _metrics(res: Any) -> dict[str, float]:
     return {k: float(v) for k, v in res.to_dict().items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def _drop(mapping: dict[str, Any], path: str) -> None:
+    *parents, leaf = path.split(".")
+    node: Any = mapping
+    for p in parents:
+        node = node.get(p) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+def components(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
+    """Every component the band varies, with the values (or factors) it tries: the settings ``sc`` leaves
+    unstated (by path), those it inherits from its stack (``path@releases``) and the hardware figures'
+    sourced spreads (``hardware.*``, :mod:`fmsim.band_sources`)."""
+    out: dict[str, tuple[Any, ...]] = dict(candidates(sc, catalog))
+    out.update({p + RELEASES: v for p, v in release_candidates(sc, catalog).items()})
+    out.update(band_sources.applicable(sc.cluster.instance))
+    return out
+
+
 def band(sc: Any, *, catalog: Any = None) -> Band:
-    """The band of ``sc``'s prediction over its unstated settings (analytical estimates)."""
+    """The band of ``sc``'s prediction over its unstated settings, the settings its stack's other releases
+    ship and its hardware figures' sourced spreads (analytical estimates)."""
     from . import estimate
     from .catalog import load_catalog
     from .scenario import scenario_from_mapping, scenario_to_mapping
@@ -117,15 +198,27 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
     kind = _kind(sc)
     headline = HEADLINE[kind]
     point = _metrics(estimate(sc))
+    # every value resolved and written out: without its stack the mapping resolves to the same scenario,
+    # and a setting left out of it falls to the global default
     base = scenario_to_mapping(sc, catalog=cat)
+    base.pop("stack", None)
     file = sc.file or "<scenario>"
 
     def run(changes: Mapping[str, Any]) -> dict[str, float] | None:
         data = copy.deepcopy(base)
-        for path, value in changes.items():
-            _set(data, path, value)
+        hw: dict[str, float] = {}
+        for key, value in changes.items():
+            if key.startswith("hardware."):
+                hw[key] = value
+                continue
+            path = key.removesuffix(RELEASES)
+            if value is DEFAULT:
+                _drop(data, path)
+            else:
+                _set(data, path, value)
         try:
-            return _metrics(estimate(scenario_from_mapping(data, file=file, catalog=cat)))
+            variant = sc if data == base else scenario_from_mapping(data, file=file, catalog=cat)
+            return _metrics(estimate(band_sources.perturb(variant, hw)))
         except FmsimError:
             return None        # a combination the reader or a workload refuses: not a run anyone made
 
@@ -135,10 +228,10 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
     worst: dict[str, tuple[float, Any]] = {}
     p0 = point.get(headline, 0.0)
     lower_is_faster = kind == "training"         # step time: lower is faster; throughput: higher is
-    for path, values in candidates(sc, cat).items():
+    for key, values in components(sc, cat).items():
         lo = hi = p0
         for value in values:
-            got = run({path: value})
+            got = run({key: value})
             if got is None or headline not in got:
                 continue
             seen.append(got)
@@ -146,14 +239,14 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
             lo, hi = min(lo, v), max(hi, v)
             fast = v < p0 if lower_is_faster else v > p0
             slow = v > p0 if lower_is_faster else v < p0
-            if fast and (path not in best or abs(v - p0) > abs(best[path][0] - p0)):
-                best[path] = (v, value)
-            if slow and (path not in worst or abs(v - p0) > abs(worst[path][0] - p0)):
-                worst[path] = (v, value)
-        swings[path] = (lo, hi)
+            if fast and (key not in best or abs(v - p0) > abs(best[key][0] - p0)):
+                best[key] = (v, value)
+            if slow and (key not in worst or abs(v - p0) > abs(worst[key][0] - p0)):
+                worst[key] = (v, value)
+        swings[key] = (lo, hi)
     for extreme in (best, worst):
         if len(extreme) > 1:
-            got = run({p: val for p, (_, val) in extreme.items()})
+            got = run({k: val for k, (_, val) in extreme.items()})
             if got is not None:
                 seen.append(got)
     low = {m: min(r[m] for r in seen if m in r) for m in point}

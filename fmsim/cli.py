@@ -387,9 +387,9 @@ def _with_band(sc: Any, res: Any) -> tuple[Any, list[str]]:
     lo, hi = cols.get(lo_col), cols.get(hi_col)
     name = "step" if metric == "step_time_s" else "output"
     point = format_column(metric, res.metrics.get(metric))
-    why = f"{b.label()} unstated" if b.most else "every setting it varies is stated"
+    why = b.reason() if b.most else "every setting it varies is stated"
     return res, [f"band: {name} {point}, {format_column(metric, lo)}-{format_column(metric, hi)}: {why} "
-                 f"({len(b.varied)} unstated setting{_s(len(b.varied))} varied, {b.runs} estimates)"]
+                 f"({len(b.varied)} component{_s(len(b.varied))} varied, {b.runs} estimates)"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -570,6 +570,7 @@ def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *,
     """The errors of rows whose source states the configuration and of partial ones, side by side, and
     with ``--band`` how often the measurement lies in its prediction's band (fmsim.band), and its width."""
     import statistics
+    from collections import Counter
 
     from .validate import band_rows, by_configuration
 
@@ -581,12 +582,17 @@ def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *,
         print("by configuration -- " + "; ".join(parts))
     if band:
         brs = band_rows(scenarios, rows)
+        print(_table(["scenario", "metric", "band", "measured", "inside", "moved most by"],
+                     [[b.scenario, b.key, f"{format_column(b.key, b.low)}-{format_column(b.key, b.high)}",
+                       format_column(b.key, b.measured), "yes" if b.inside else "no", b.most] for b in brs]))
         for mark in sorted({b.configuration for b in brs}) + ["all"]:
             sel = [b for b in brs if mark in ("all", b.configuration)]
             inside = sum(b.inside for b in sel)
             print(f"band ({mark}): {inside} of {len(sel)} measured values inside their band "
                   f"({100 * inside / len(sel):.0f} %), median width +-"
                   f"{statistics.median(b.half_width_pct for b in sel):.1f} %")
+        tally = Counter(b.most for b in brs).most_common(4)
+        print("band moved most by: " + ", ".join(f"{why} ({n})" for why, n in tally))
 
 
 APP_ENTRY = "Home.py"

@@ -50,6 +50,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.overlap.tp_rs_dgrad": "training",
     "parallelism.overlap.ep_comm": "training",
     "cluster.network.in_network_reduction": "training",
+    "cluster.network.nvls": "training",
     "serving.engine": "serving",
     "serving.chunked_prefill": "serving",
     "serving.mixed_batches": "serving",
@@ -60,7 +61,7 @@ SETTABLE: Mapping[str, str] = {
 KINDS = ("training", "serving")
 #: workload kinds a stack kind serves
 WORKLOAD_KINDS = {"training": ("pretrain", "finetune", "rl"), "serving": ("inference",)}
-PROFILE_KEYS = ("framework", "release", "kind", "description", "settings")
+PROFILE_KEYS = ("framework", "release", "kind", "description", "settings", "lineage")
 SETTING_KEYS = ("value", "source", "recipes")
 RECIPES = ("bf16", "fp16", "fp8", "fp4", "fp32")
 #: a source names a commit (``@1a2b3c4``, ``commit 1a2b3c4``) or a release tag (``v0.5.0``, ``core_r0.8.0``)
@@ -91,6 +92,15 @@ class StackProfile:
     description: str
     settings: tuple[StackSetting, ...]
     file: str = ""
+    #: the code base whose releases this is one of (``megatron-core``: Megatron-Core as Megatron-LM, NeMo and
+    #: Megatron-Bridge ship it); empty: the framework's own releases only
+    lineage: str = ""
+
+    @property
+    def family(self) -> str:
+        """Profiles of one family are releases of one code base (fmsim.band varies inherited settings
+        over the values the family's other releases ship)."""
+        return self.lineage or self.framework
 
     def setting(self, path: str) -> StackSetting | None:
         return next((s for s in self.settings if s.path == path), None)
@@ -118,7 +128,8 @@ def _load_profile(name: str, entry: Any) -> StackProfile:
     profile = StackProfile(name=name, framework=str(entry.get("framework")),
                            release=str(entry.get("release")), kind=kind,
                            description=str(entry.get("description", "")),
-                           settings=tuple(settings), file=str(entry.file))
+                           settings=tuple(settings), file=str(entry.file),
+                           lineage=str(entry.get("lineage", "") or ""))
     entry.check_unknown()
     return profile
 

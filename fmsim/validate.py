@@ -383,12 +383,13 @@ class BandRow:
     measured: float
     inside: bool
     half_width_pct: float       # (high - low) / 2 over the prediction, in %
+    most: str = ""              # what moves the band most (fmsim.band.Band.reason)
 
 
 def band_rows(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> list[BandRow]:
     """Each compared row's band: the estimate's band of its metric, relative to the estimate's point,
     applied to the row's prediction (``fmsim validate --band``; a few dozen estimates per scenario)."""
-    from .band import band
+    from .band import METRIC_ALIASES, band
 
     by_name = {(sc.file, sc.name): sc for sc in scenarios}
     out: list[BandRow] = []
@@ -401,11 +402,12 @@ def band_rows(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> l
         if key not in cache:
             cache[key] = band(sc)
         b = cache[key]
-        p = b.point.get(r.key)
+        metric = METRIC_ALIASES.get(r.key, r.key) if r.key not in b.point else r.key
+        p = b.point.get(metric)
         if not p:
             continue
-        low, high = r.predicted * b.low[r.key] / p, r.predicted * b.high[r.key] / p
+        low, high = r.predicted * b.low[metric] / p, r.predicted * b.high[metric] / p
         out.append(BandRow(scenario=r.scenario, configuration=sc.configuration or "-", key=r.key, low=low,
                            high=high, measured=r.measured, inside=low <= r.measured <= high,
-                           half_width_pct=100 * (high - low) / 2 / abs(r.predicted)))
+                           half_width_pct=100 * (high - low) / 2 / abs(r.predicted), most=b.reason()))
     return out

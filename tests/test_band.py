@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from fmsim.band import band, band_columns, candidates
+from fmsim.band import RELEASES, band, band_columns, candidates
 from fmsim.catalog import load_catalog
 from fmsim.cli import main
 from fmsim.scenario import load_scenario, scenario_from_mapping
@@ -35,9 +35,13 @@ def test_the_band_holds_the_point():
         assert b.varied and b.runs > 1
 
 
+def _unstated(b):
+    return {k for k in b.varied if not k.startswith("hardware.") and not k.endswith(RELEASES)}
+
+
 def test_a_stack_narrows_the_band_and_stated_settings_are_not_varied():
     plain, stacked = band(_sc()), band(_sc(stack="megatron-bridge-25.11"))
-    assert set(stacked.varied) < set(plain.varied)
+    assert _unstated(stacked) < _unstated(plain)
     assert "workload.attention_kernel" in plain.varied and "workload.attention_kernel" not in stacked.varied
     assert _width(stacked) < _width(plain)
     assert plain.most == "workload.attention_kernel"     # unfused attention: the 2021-22 stacks' value
@@ -55,8 +59,12 @@ def test_stating_every_varied_setting_leaves_the_point():
         node[leaf] = _current(sc, path)      # state what the file resolved to
     full = scenario_from_mapping(data)
     assert full.parallelism == sc.parallelism and full.workload == sc.workload
+    assert candidates(full, load_catalog()) == {}
     b = band(full)
-    assert b.varied == () and b.low == b.point == b.high and b.most == ""
+    # what is left: the settings the stack's other releases ship and the hardware figures' spreads
+    assert _unstated(b) == set() and b.low["step_time_s"] < b.point["step_time_s"] < b.high["step_time_s"]
+    assert {k for k in b.varied if k.startswith("hardware.")} == {"hardware.chip_speed", "hardware.hbm",
+                                                                  "hardware.fabric"}
 
 
 def _current(sc, path):
@@ -69,7 +77,8 @@ def _current(sc, path):
                 "workload.fp8_attention": False, "parallelism.activation_fp8_input": False,
                 "parallelism.gradient_accumulation_fusion": True, "parallelism.grad_bucket": "40M",
                 "cluster.network.in_network_reduction": False, "parallelism.param_fetch": "unit",
-                "parallelism.grad_reduce_op": sc.parallelism.grad_reduce_op}[path]
+                "parallelism.grad_reduce_op": sc.parallelism.grad_reduce_op,
+                "cluster.network.nvls": True}[path]
     return v
 
 

@@ -30,6 +30,7 @@ ALLOWED_FROM = {
     "fmsim.export": {"csv_text"},
     "fmsim.catalog": {"data_root"},
     "fmsim.stacks": {"SETTABLE", "lookup", "stack_defaults"},   # the stack picker: which fields a stack sets
+    "fmsim.band": {"band"},   # the Training page's prediction band, computed on demand (issue 27 item 3)
 }
 API_CALLS = ("simulate", "estimate")
 API_MODULE = APP / "explorer" / "logic.py"

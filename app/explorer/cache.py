@@ -58,6 +58,15 @@ def training(
 
 
 @st.cache_data(show_spinner=False, max_entries=_RUNS)
+def training_band(text: str, file: str, overrides: tuple[tuple[str, Any], ...]) -> tuple[float, float, str, int] | None:
+    """The what-if's band (logic.training_band), or None where the what-if itself is refused."""
+    try:
+        return logic.training_band(text, file, overrides)
+    except fmsim.FmsimError:
+        return None
+
+
+@st.cache_data(show_spinner=False, max_entries=_RUNS)
 def serving(text: str, file: str, overrides: tuple[tuple[str, Any], ...], engine: str) -> logic.Outcome:
     return logic.run_serving(text, file, overrides, engine=engine)
 

@@ -204,6 +204,16 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     return scenario_from_mapping(data, file=file, overrides=knobs)
 
 
+def training_band(text: str, file: str, overrides: Sequence[tuple[str, Any]] = ()) -> tuple[float, float, str, int]:
+    """The what-if's band (fmsim.band, analytical): (low, high) as fractions of the point, what moves it most,
+    and how many components were varied; raises ``FmsimError`` like the what-if itself."""
+    from fmsim.band import band
+
+    b = band(whatif_scenario(text, file, overrides))
+    lo, hi = b.relative()
+    return lo, hi, b.reason(), len(b.varied)
+
+
 #: the stack picker's first choice: the base file's own ``stack:`` (or none)
 FILE_STACK = "(file's own)"
 

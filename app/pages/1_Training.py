@@ -274,6 +274,13 @@ def main() -> None:
         help=f"Steps of more than {logic.DES_JOB_LIMIT:,} engine jobs use the estimate "
         "unless this is ticked (the simulation then takes seconds).",
     )
+    st.sidebar.checkbox(
+        "Prediction band",
+        key=f"{P}.band",
+        help="Vary every sourced uncertainty of the prediction (`fmsim run --band`): the settings the file and "
+        "its stack leave unstated, the stack's other releases' values, the hardware figures' measured spreads. "
+        "A few dozen analytical estimates, computed only while ticked.",
+    )
     sc, defaults = loaded
     engine = widgets.chosen_engine(P, ENGINES)
     limit = None if st.session_state.get(f"{P}.force_des") else logic.DES_JOB_LIMIT
@@ -299,6 +306,14 @@ def main() -> None:
         st.session_state[f"{P}.result"] = None
         return
     render(out, base if base.ok else None, dict(overrides).get("name", sc.name))
+    if st.session_state.get(f"{P}.band"):
+        got = cache.training_band(source.text, source.label, overrides)
+        step = out.result.metrics.get("step_time_s")
+        if got is not None and step:
+            lo, hi, why, n = got
+            st.caption(f"Band: step {logic.fmt_time(step)}, {logic.fmt_time(step * lo)} – "
+                       f"{logic.fmt_time(step * hi)}: {logic.md_escape(why)} ({n} components varied, "
+                       "analytical estimates; docs/stacks.md)")
 
 
 def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:

@@ -79,7 +79,7 @@ class Shard:
     lora_dropout: float = 0.0        # dropout on each adapter's input
     lora_exchange: str = "all-gather"  # a row-parallel adapter's output back to the SP layout: all-gather | all-to-all
     tp_qkv: bool = True              # the QKV all-gather may hide behind its GEMM (overlap.tp_qkv)
-    cross_entropy: str = "fused"     # the loss over the vocabulary: fused | unfused (CROSS_ENTROPY_BYTES)
+    cross_entropy: str = "fused"     # the loss over the vocabulary: fused | unfused | torch (CROSS_ENTROPY_BYTES)
 
     @property
     def tokens(self) -> float:
@@ -706,8 +706,16 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
 #: its default after): forward .float() (read 2 B, write 4), max (read 4), in-place subtract of the
 #: max (8), exp in place (8), sum (4), in-place division into the softmax kept for the backward (8) =
 #: 38 B; backward the in-place multiply by the loss gradient (8) and the fp32 gradient cast back to
-#: the logits' 16 bits (read 4, write 2) = 14 B.
-CROSS_ENTROPY_BYTES = {"fused": (12.0, 24.0), "unfused": (38.0, 14.0)}
+#: the logits' 16 bits (read 4, write 2) = 14 B. torch: PyTorch's own loss on fp32 logits,
+#: ``F.cross_entropy(logits.float(), labels)`` = log_softmax + nll_loss (OLMo-core, the plain scripts): the cast
+#: (read 2, write 4) and ``cunn_SoftMaxForward`` -- a vocabulary row of fp32 is past the 48 KiB
+#: ``sharedMemPerBlock`` that the shared-memory variant needs, so the kernel reads the row for the max, again for
+#: the sum of exponentials and again to write the log-probabilities (12 + 4) -- = 22 B forward (pytorch/pytorch
+#: aten/src/ATen/native/cuda/SoftMax.cu @000cace5, host_softmax); backward ``nll_loss_backward`` zero-fills the
+#: gradient (write 4; aten/src/ATen/native/cuda/Loss.cu @00e3254d, ``grad_input.zero_()``),
+#: ``cunn_SoftMaxBackward`` reads it for its sum, then it and the output, and writes (16), and the cast's
+#: backward takes it to 16 bits (read 4, write 2) = 26 B.
+CROSS_ENTROPY_BYTES = {"fused": (12.0, 24.0), "unfused": (38.0, 14.0), "torch": (22.0, 26.0)}
 
 
 def cross_entropy_s(model: ModelSpec, sh: Shard, rf: Roofline) -> tuple[float, float]:

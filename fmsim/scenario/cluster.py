@@ -21,7 +21,7 @@ from .workload import Workload
 CLUSTER_KEYS = ("instance", "nodes", "gpus", "placement", "network", "storage", "stragglers", "rank_unit")
 RANK_UNITS = ("chip", "core")
 STRAGGLER_KEYS = ("cv",)
-NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription", "in_network_reduction")
+NETWORK_KEYS = ("fabric", "nics_per_node", "nic_bandwidth", "oversubscription", "in_network_reduction", "nvls")
 STORAGE_KEYS = ("kind", "tier", "deployment", "throughput_per_tib", "capacity", "throughput", "efa",
                 "metadata_iops", "prefixes")
 #: ``data:`` (fmsim/workloads/data_loading.py): what one training sample weighs and where it is read from
@@ -102,6 +102,13 @@ def _cluster(top: _Section, catalog: Catalog) -> Cluster:
             except ConfigError as exc:
                 raise net.err("in_network_reduction",
                               f"true {exc.message} (expected false, or network.fabric: infiniband)") from None
+        if net.has("nvls"):
+            # NCCL's NVLink SHARP (NCCL_NVLS_ENABLE, NCCL >= 2.17): the NVSwitches reduce; a run may turn it off
+            nvls = net.boolean("nvls")
+            if nvls and not base.scale_up.in_switch_reduction:
+                raise net.err("nvls", f"true, but {base.name}'s {base.scale_up.kind} scale-up has no switch that "
+                              "reduces (NVLS needs NVSwitch gen 3 or later: expected false, or leave it out)")
+            inst = dataclasses.replace(inst, scale_up=dataclasses.replace(inst.scale_up, in_switch_reduction=nvls))
         oversubscription = net.quantity(
             "oversubscription",
             float_number,

@@ -44,7 +44,7 @@ LORA_EXCHANGES = ("all-gather", "all-to-all")
 ATTENTION_KERNELS = ("flash", "flash2", "flash1", "unfused")
 #: the loss kernel: fused (one fp32 pass) | unfused (Megatron's vocab-parallel cross entropy as separate
 #: PyTorch ops, its default without --cross-entropy-loss-fusion; model.ops.CROSS_ENTROPY_BYTES)
-CROSS_ENTROPIES = ("fused", "unfused")
+CROSS_ENTROPIES = ("fused", "unfused", "torch")
 MOE_ROUTINGS = ("balanced", "consecutive")
 # Sizes no run could need, refused at load so that memory and time stay bounded whatever the input.
 # The largest published pre-training steps hold tens of millions of tokens (Llama 3 405B: 16M, Meta

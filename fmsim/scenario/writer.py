@@ -112,6 +112,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         }
     if cl.instance.fabric.in_network_reduction != cat.fabric(cl.instance.fabric.name).in_network_reduction:
         network["in_network_reduction"] = cl.instance.fabric.in_network_reduction
+    if cl.instance.scale_up.in_switch_reduction != base.scale_up.in_switch_reduction:
+        network["nvls"] = cl.instance.scale_up.in_switch_reduction
     if cl.oversubscription != 1.0:
         network["oversubscription"] = cl.oversubscription
     if network:
