@@ -53,8 +53,10 @@ REGRESSION_ROWS = ("inf-061", "inf-067", "inf-068", "inf-070", "inf-071", "inf-0
 # tile and wave quantization of the decode GEMMs and H200's measured HBM efficiency; 4.4 % once prefill
 # attention runs at the measured forward-causal rate (0.55 on Hopper, was the GEMM rate 0.80): the 8B
 # 20k-token rows here went from -3 to -8 %, while the whole set improved (throughput mean 14.5 -> 14.1 %)
-# (still 4.4 % after inf-093/094 took their source's attention-DP configuration: +38 / +88 %)
-REGRESSION_MEDIAN_BOUND = 0.05
+# (still 4.4 % after inf-093/094 took their source's attention-DP configuration: +38 / +88 %); 3.6 -> 5.7 %
+# (2026-12-02) once inf-079/080 run the 16-bit KV cache nvidia/Llama-3.1-405B-Instruct-FP8 declares
+# (hf_quant_config.json kv_cache_quant_algo null; -0.2 / +13.3 -> -11.7 / -14.1 %, the files' notes)
+REGRESSION_MEDIAN_BOUND = 0.06
 
 
 def test_validation_subset_median_error_stays_within_its_recorded_bound():
