@@ -96,7 +96,7 @@ class EngineProfile:
     memory_fraction: float
     memory_fraction_of: str         # "total": frac*HBM - weights; "free": frac*(HBM - weights - act)
     admission: str                  # optimistic (preempt+recompute) | reserve (no eviction)
-    kv_follows_quantization: bool   # kv_cache_dtype auto = fp8 when weights are fp8/fp4
+    kv_follows_quantization: bool   # kv_cache_dtype auto = fp8 when weights are fp8/fp4 (assumed: the engine takes the checkpoint's declaration)
     source: str
     graph_batch_sizes: tuple[int, ...] = ()   # decode-only batches run as CUDA graphs padded up to these
     cpu_overhead_fraction: float = 0.0        # share of wall time the GPU waits for the CPU scheduler
