@@ -157,11 +157,17 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     if not keys:
         raise ConfigError("the search space is empty (no plan passes the axes' pairing rules)")
 
-    cache = ResultCache(None if cache_dir is False else (cache_dir or default_cache_dir()), context_key(base))
+    directory = None if cache_dir is False else (cache_dir or default_cache_dir())
+    cache = ResultCache(directory, context_key(base) if directory is not None else "")
     try:
         known = cache.load()
-        found = {plan_text(k): known[plan_text(k)] for k in keys if plan_text(k) in known}
-        todo = [k for k in keys if plan_text(k) not in found]
+        found: dict[int, dict[str, Any]] = {}       # by position in keys
+        if known:
+            for i, k in enumerate(keys):
+                rec = known.get(plan_text(k))
+                if rec is not None:
+                    found[i] = rec
+        todo = [k for i, k in enumerate(keys) if i not in found] if found else keys
         done = len(found)
         if progress:
             progress(done, len(keys))
@@ -178,8 +184,8 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
         new = run_chunks(chunks, base, jobs=jobs, dask=dask, on_chunk=on_chunk) if todo else []
     finally:
         cache.close()
-    fresh = {plan_text(k): r for chunk, recs in zip(chunks if todo else [], new) for k, r in zip(chunk, recs)}
-    records = [(k, found.get(plan_text(k)) or fresh[plan_text(k)]) for k in keys]
+    fresh = {k: r for chunk, recs in zip(chunks if todo else [], new) for k, r in zip(chunk, recs)}
+    records = [(k, found[i] if i in found else fresh[k]) for i, k in enumerate(keys)]
 
     goals = (("deadline", deadline_s), ("budget", budget_usd))
     goal = "+".join(g for g, v in goals if v is not None) or "frontier"
