@@ -204,9 +204,13 @@ def calculon_side_by_side(sc, path: str | None, *, seconds: float) -> None:
                                            bs, rc, osh, comm, [True], False, True, True))
     random.Random(0).shuffle(params)        # a fair sample of its layouts within the time given
     execs = done = 0
+    per_layout = []
     c0 = time.process_time()
     for p in params:
-        execs += OptimalExecution.search(*p)[1]
+        c1 = time.process_time()
+        ec = OptimalExecution.search(*p)[1]
+        per_layout.append(ec / max(1e-9, time.process_time() - c1))
+        execs += ec
         done += 1
         if time.process_time() - c0 > seconds:
             break
@@ -221,8 +225,9 @@ def calculon_side_by_side(sc, path: str | None, *, seconds: float) -> None:
     fm = statistics.median(rates)
     print(f"6. Calculon (github.com/calculon-ai/calculon, its search loop, one process): {execs:,} executions of "
           f"{done} of its {len(params)} layouts on {gpus} H100 in {calc_cpu:.1f} CPU s = {execs / calc_cpu:,.0f}/s "
-          f"per CPU second; fmsim: {len(r.records):,} candidates on 8 x p5.48xlarge, cold caches, "
-          f"{fm:,.0f}/s per CPU second ({fm / (execs / calc_cpu):.0f}x)  [{load()}]")
+          f"per CPU second (layouts {min(per_layout):,.0f} to {max(per_layout):,.0f}/s); fmsim: "
+          f"{len(r.records):,} candidates on 8 x p5.48xlarge, cold caches, "
+          f"{fm:,.0f}/s per CPU second ({fm / (execs / calc_cpu):.1f}x)  [{load()}]")
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ def with_plan(
         As loading the changed file would.
     """
     return PlanVariants(sc, catalog=catalog, mapping=mapping).derive(
-        instance=instance, nodes=nodes, cluster=cluster, micro_batch=micro_batch, pricing=pricing, **parallelism)
+        instance=instance, nodes=nodes, cluster=cluster, micro_batch=micro_batch, pricing=pricing,
+        **parallelism)
 
 
 class PlanVariants:
@@ -84,7 +85,8 @@ class PlanVariants:
     accepted or refused as :func:`with_plan` accepts or refuses it, with the same message.
     """
 
-    def __init__(self, sc: Scenario, *, catalog: Catalog | None = None, mapping: Mapping[str, Any] | None = None):
+    def __init__(self, sc: Scenario, *, catalog: Catalog | None = None,
+                 mapping: Mapping[str, Any] | None = None):
         self.sc = sc
         self.catalog = catalog if catalog is not None else load_catalog()
         self.mapping = mapping if mapping is not None else scenario_to_mapping(sc, catalog=self.catalog)
@@ -108,7 +110,8 @@ class PlanVariants:
                 self._workloads[micro_batch] = hit
         return hit
 
-    def _check_precision(self, micro_batch: int | None, workload: Any, wl_sec: _Section, cluster: Cluster) -> None:
+    def _check_precision(self, micro_batch: int | None, workload: Any, wl_sec: _Section,
+                         cluster: Cluster) -> None:
         key = (micro_batch, id(cluster))
         hit = self._precision.get(key)
         if hit is None or hit[0] is not cluster:
@@ -140,7 +143,8 @@ class PlanVariants:
         else:
             cluster = sc.cluster
         par_map = dict(self.mapping["parallelism"])
-        if "dp" not in parallelism and (cluster is not sc.cluster or any(k in parallelism for k in _SIZE_KEYS)):
+        sized = any(k in parallelism for k in _SIZE_KEYS)
+        if "dp" not in parallelism and (cluster is not sc.cluster or sized):
             par_map["dp"] = "auto"
         if "vpp" in parallelism:
             par_map.pop("schedule", None)
@@ -150,8 +154,10 @@ class PlanVariants:
         par_map.update(parallelism)
         top = _Section({"parallelism": par_map}, file, "", TOP_KEYS)
         new_par = _parallelism(top, wl_sec, workload, cluster)
-        new_pricing = sc.pricing if pricing is None else _pricing(_Section({"pricing": pricing}, file, "", TOP_KEYS))
-        return dataclasses.replace(sc, workload=workload, cluster=cluster, parallelism=new_par, pricing=new_pricing)
+        new_pricing = sc.pricing if pricing is None else \
+            _pricing(_Section({"pricing": pricing}, file, "", TOP_KEYS))
+        return dataclasses.replace(sc, workload=workload, cluster=cluster, parallelism=new_par,
+                                   pricing=new_pricing)
 
 
 def plan_cluster(sc: Scenario, *, instance: str | None = None, nodes: int | None = None,

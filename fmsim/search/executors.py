@@ -4,7 +4,8 @@ Owns :func:`run_groups`: it cuts groups of plan keys (the plans that share work,
 chunks for the executor, evaluates them and hands each chunk's records to a callback as it completes (to
 cache them and move the progress bar), and returns each chunk with its records -- the caller puts them
 back in plan order, so the answer does not depend on the executor or the chunking. The chunks: one
-process takes the groups in order, an eighth of the plans at a time (32 to :data:`SERIAL_CHUNK`); worker processes and Dask workers
+process takes the groups in order, an eighth of the plans at a time (32 to :data:`SERIAL_CHUNK`); worker
+processes and Dask workers
 get :data:`TASKS_PER_WORKER` chunks each (more for large searches, at most :data:`MAX_CHUNK` plans a chunk),
 the groups dealt round-robin so that every chunk holds a like mix of cheap and costly plans and the
 workers finish together, with few tasks to schedule and few results to send back. The executors:
