@@ -120,6 +120,46 @@ def test_with_plan_checks_cluster_precision_and_pricing(sc):
         with_plan(fp8, instance="p4d.24xlarge", tp=8, pp=1, vpp=1)
 
 
+def test_plan_variants_answer_as_with_plan_every_time(sc):
+    """PlanVariants keeps each micro-batch's workload and each cluster's precision check: a variant it
+    derives equals with_plan's, and a refusal it has kept is raised again with the same message."""
+    from fmsim.scenario.variants import PlanVariants
+
+    fp8 = load_scenario(EXAMPLE, overrides={"workload.precision": "fp8"})
+    pv = PlanVariants(fp8)
+    a100 = plan_cluster(fp8, instance="p4d.24xlarge", nodes=4)
+    h100 = plan_cluster(fp8, instance="p5.48xlarge", nodes=4)
+    messages = []
+    for _ in range(3):
+        with pytest.raises(ConfigError) as info:
+            pv.derive(cluster=a100, micro_batch=1, tp=8, pp=1, vpp=1)
+        messages.append(str(info.value))
+    assert len(set(messages)) == 1 and "workload.precision: fp8 is not supported" in messages[0]
+    with pytest.raises(ConfigError) as direct:
+        with_plan(fp8, cluster=a100, micro_batch=1, tp=8, pp=1, vpp=1)
+    assert str(direct.value) == messages[0]
+    for mb in (1, 2, 1):
+        got = pv.derive(cluster=h100, micro_batch=mb, tp=8, pp=2, vpp=1)
+        assert got == with_plan(fp8, cluster=h100, micro_batch=mb, tp=8, pp=2, vpp=1)
+        assert got.workload.micro_batch == mb
+
+
+def test_deal_keeps_groups_whole_and_chunks_alike():
+    from fmsim.search.executors import MAX_CHUNK, TASKS_PER_WORKER, _worker_chunks, deal
+
+    groups = [[(g, i) for i in range(1 + g % 5)] for g in range(23)]
+    chunks = deal(groups, 4)
+    assert len(chunks) == 4
+    assert sorted(k for c in chunks for k in c) == sorted(k for g in groups for k in g)
+    for c in chunks:       # each group lies whole in one chunk, in order
+        for g in {k[0] for k in c}:
+            assert [k for k in c if k[0] == g] == groups[g]
+    assert deal(groups[:2], 8) == [groups[0], groups[1]]
+    assert deal([], 3) == []
+    big = [[(g, i) for i in range(100)] for g in range(60)]
+    assert len(_worker_chunks(big, 1)) == max(TASKS_PER_WORKER, -(-6000 // MAX_CHUNK))
+
+
 # ------------------------------------------------------------------------------------------------
 # the search
 

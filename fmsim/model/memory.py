@@ -202,6 +202,29 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     weights = weight_bytes * (sharded if zero >= 3 else local)
     grads = grad_bytes * (sharded if zero >= 2 else local)
     opt = OPTIMIZER_BYTES * (sharded if zero >= 1 else local)
+    per_mb, host_offload = _stage_activations(
+        model, tuple(stage_layers), micro_batch, seq_len, tp, cp, sequence_parallel, recompute, ep, etp,
+        tuple(recompute_modules), gemm_input_bytes, frozen_mlp, moe_load, act_input_bytes, offload_layers,
+        recomputed)
+    acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
+    logits = 0.0
+    if last:
+        # fp32 logits and their gradient over the local vocab shard, one micro-batch at a time
+        logits = 2 * 4.0 * micro_batch * seq_len / cp * model.vocab / tp
+    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits,
+                           host_offload=host_offload)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_activations(model: ModelSpec, stage_layers: tuple[int, ...], micro_batch: int, seq_len: int, tp: int,
+                       cp: int, sequence_parallel: bool, recompute: str, ep: int, etp: int,
+                       recompute_modules: tuple[str, ...], gemm_input_bytes: float, frozen_mlp: bool,
+                       moe_load: float, act_input_bytes: float, offload_layers: int,
+                       recomputed: frozenset[int] | None) -> tuple[float, float]:
+    """(stored activation bytes of one micro-batch on the device, of which offloaded to the host) for a
+    stage's layers: what :func:`training_memory` multiplies by the micro-batches in flight. Memoised
+    (bounded) on its frozen inputs: it reads neither the data-parallel width, nor the ZeRO stage, nor the
+    schedule, nor the instance, so a search's plans that differ only in those share it."""
     # a layer's stored activations depend only on its kind (dense or MoE MLP) and whether it
     # recomputes: price each pair once
     kinds = [(model.is_moe_layer(i), layer_recompute(recompute, recomputed, i)) for i in stage_layers]
@@ -217,13 +240,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     per_layer = [by_kind[kind] for kind in kinds]
     off = per_layer[:offload_layers]
     per_mb = sum(per_layer[offload_layers:]) + (max(off) if off else 0.0)
-    acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
-    logits = 0.0
-    if last:
-        # fp32 logits and their gradient over the local vocab shard, one micro-batch at a time
-        logits = 2 * 4.0 * micro_batch * seq_len / cp * model.vocab / tp
-    return MemoryBreakdown(weights=weights, gradients=grads, optimizer=opt, activations=acts, logits=logits,
-                           host_offload=sum(off))
+    return per_mb, sum(off)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -240,3 +257,6 @@ def stage_params_cached(model: ModelSpec, layers, first: bool, last: bool, pp: i
 
 stage_params_cached.cache_clear = _stage_params_memo.cache_clear     # type: ignore[attr-defined]
 stage_params_cached.cache_info = _stage_params_memo.cache_info       # type: ignore[attr-defined]
+
+#: the stage activations' memo, for the estimate's cache registry (fmsim.parallel.strategy.CACHED)
+stage_activations_cached = _stage_activations

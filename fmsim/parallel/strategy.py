@@ -28,6 +28,7 @@ from ..model.memory import (
     MemoryBreakdown,
     layer_activation_bytes,
     layer_recompute,
+    stage_activations_cached,
     stage_params_cached,
     training_memory,
 )
@@ -493,7 +494,7 @@ def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: b
 
 
 #: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
-CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached)
 
 #: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
 _PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}

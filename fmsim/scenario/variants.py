@@ -69,40 +69,95 @@ def with_plan(
     ConfigError, ParallelismError
         As loading the changed file would.
     """
-    unknown = [k for k in parallelism if k not in PARALLELISM_KEYS]
-    if unknown:
-        raise ConfigError(f"unknown key {unknown[0]!r}{suggest(unknown[0], PARALLELISM_KEYS)}",
-                          file=sc.file, field="parallelism")
-    cat = catalog if catalog is not None else load_catalog()
-    file = sc.file
-    if mapping is None:
-        mapping = scenario_to_mapping(sc, catalog=cat)
-    wl_map = dict(mapping["workload"])
-    workload = sc.workload
-    if micro_batch is not None:
-        wl_map["micro_batch"] = micro_batch
-        workload = dataclasses.replace(workload, micro_batch=_Section(wl_map, file, "workload", WORKLOAD_KEYS)
-                                       .integer("micro_batch", counts=True))
-    wl_sec = _Section(wl_map, file, "workload", WORKLOAD_KEYS)
-    if cluster is None and (instance is not None or nodes is not None):
-        cluster = plan_cluster(sc, instance=instance, nodes=nodes, catalog=cat)
-    if cluster is not None:
-        _check_precision(workload, wl_sec, cluster)
-    else:
-        cluster = sc.cluster
-    par_map = dict(mapping["parallelism"])
-    if "dp" not in parallelism and (cluster is not sc.cluster or any(k in parallelism for k in _SIZE_KEYS)):
-        par_map["dp"] = "auto"
-    if "vpp" in parallelism:
-        par_map.pop("schedule", None)
-    if "recompute" in parallelism:
-        par_map.pop("recompute_modules", None)
-        par_map.pop("recompute_layers", None)
-    par_map.update(parallelism)
-    top = _Section({"parallelism": par_map}, file, "", TOP_KEYS)
-    new_par = _parallelism(top, wl_sec, workload, cluster)
-    new_pricing = sc.pricing if pricing is None else _pricing(_Section({"pricing": pricing}, file, "", TOP_KEYS))
-    return dataclasses.replace(sc, workload=workload, cluster=cluster, parallelism=new_par, pricing=new_pricing)
+    return PlanVariants(sc, catalog=catalog, mapping=mapping).derive(
+        instance=instance, nodes=nodes, cluster=cluster, micro_batch=micro_batch, pricing=pricing,
+        **parallelism)
+
+
+class PlanVariants:
+    """Variants of one validated scenario, as :func:`with_plan` derives them, for many plans in a row.
+
+    What does not change from one variant to the next is worked out once and kept: the scenario's
+    mapping, the workload of each micro-batch (the reader's ``workload.micro_batch`` rule, run once per
+    value), and the precision check of each cluster it is given (its answer, or its error, kept with the
+    cluster object). Each :meth:`derive` then runs the ``parallelism:`` rules in full -- they tie the
+    model, the batch and the cluster together -- and the pricing rule when given, so a variant is
+    accepted or refused as :func:`with_plan` accepts or refuses it, with the same message.
+    """
+
+    def __init__(self, sc: Scenario, *, catalog: Catalog | None = None,
+                 mapping: Mapping[str, Any] | None = None):
+        self.sc = sc
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.mapping = mapping if mapping is not None else scenario_to_mapping(sc, catalog=self.catalog)
+        self._workloads: dict[int | None, tuple[Any, _Section]] = {}
+        self._precision: dict[tuple[int | None, int], tuple[Cluster, ConfigError | None]] = {}
+
+    def _workload(self, micro_batch: int | None) -> tuple[Any, _Section]:
+        """(workload, its section) with ``micro_batch`` (``None``: the scenario's), checked once per value."""
+        hit = self._workloads.get(micro_batch)
+        if hit is None:
+            sc, file = self.sc, self.sc.file
+            wl_map = dict(self.mapping["workload"])
+            workload = sc.workload
+            if micro_batch is not None:
+                wl_map["micro_batch"] = micro_batch
+                workload = dataclasses.replace(
+                    workload, micro_batch=_Section(wl_map, file, "workload", WORKLOAD_KEYS)
+                    .integer("micro_batch", counts=True))
+            hit = (workload, _Section(wl_map, file, "workload", WORKLOAD_KEYS))
+            if len(self._workloads) < 256:      # bounded: a search tries a handful of micro-batch sizes
+                self._workloads[micro_batch] = hit
+        return hit
+
+    def _check_precision(self, micro_batch: int | None, workload: Any, wl_sec: _Section,
+                         cluster: Cluster) -> None:
+        key = (micro_batch, id(cluster))
+        hit = self._precision.get(key)
+        if hit is None or hit[0] is not cluster:
+            try:
+                _check_precision(workload, wl_sec, cluster)
+                err = None
+            except ConfigError as exc:
+                err = exc
+            if len(self._precision) >= 4096:
+                self._precision.clear()
+            hit = self._precision[key] = (cluster, err)
+        if hit[1] is not None:
+            raise hit[1].with_traceback(None)
+
+    def derive(self, *, instance: str | None = None, nodes: int | None = None, cluster: Cluster | None = None,
+               micro_batch: int | None = None, pricing: Any = None, **parallelism: Any) -> Scenario:
+        """The variant (arguments as :func:`with_plan`'s)."""
+        sc = self.sc
+        unknown = [k for k in parallelism if k not in PARALLELISM_KEYS]
+        if unknown:
+            raise ConfigError(f"unknown key {unknown[0]!r}{suggest(unknown[0], PARALLELISM_KEYS)}",
+                              file=sc.file, field="parallelism")
+        file = sc.file
+        workload, wl_sec = self._workload(micro_batch)
+        if cluster is None and (instance is not None or nodes is not None):
+            cluster = plan_cluster(sc, instance=instance, nodes=nodes, catalog=self.catalog)
+        if cluster is not None:
+            self._check_precision(micro_batch, workload, wl_sec, cluster)
+        else:
+            cluster = sc.cluster
+        par_map = dict(self.mapping["parallelism"])
+        sized = any(k in parallelism for k in _SIZE_KEYS)
+        if "dp" not in parallelism and (cluster is not sc.cluster or sized):
+            par_map["dp"] = "auto"
+        if "vpp" in parallelism:
+            par_map.pop("schedule", None)
+        if "recompute" in parallelism:
+            par_map.pop("recompute_modules", None)
+            par_map.pop("recompute_layers", None)
+        par_map.update(parallelism)
+        top = _Section({"parallelism": par_map}, file, "", TOP_KEYS)
+        new_par = _parallelism(top, wl_sec, workload, cluster)
+        new_pricing = sc.pricing if pricing is None else \
+            _pricing(_Section({"pricing": pricing}, file, "", TOP_KEYS))
+        return dataclasses.replace(sc, workload=workload, cluster=cluster, parallelism=new_par,
+                                   pricing=new_pricing)
 
 
 def plan_cluster(sc: Scenario, *, instance: str | None = None, nodes: int | None = None,

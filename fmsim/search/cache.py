@@ -57,30 +57,36 @@ def plan_text(key: Sequence) -> str:
 
 
 class ResultCache:
-    """Records by (context, plan key) in one SQLite file; ``None`` directory = no cache (in memory only)."""
+    """Records by (context, plan key) in one SQLite file; ``None`` directory = no cache (it holds nothing
+    and stores nothing: a search without a cache pays no encoding of its records)."""
 
     def __init__(self, directory: str | os.PathLike[str] | None, context: str):
         self.context = context
         self.path = None if directory is None else Path(directory) / FILE_NAME
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=30)
-        else:
-            self._db = sqlite3.connect(":memory:")
+        self._db: sqlite3.Connection | None = None
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, timeout=30)
         self._db.execute("CREATE TABLE IF NOT EXISTS records (context TEXT NOT NULL, plan TEXT NOT NULL, "
                          "record TEXT NOT NULL, PRIMARY KEY (context, plan))")
         self._db.commit()
 
     def load(self) -> dict[str, dict[str, Any]]:
         """Every record of this context, by plan text."""
+        if self._db is None:
+            return {}
         cur = self._db.execute("SELECT plan, record FROM records WHERE context = ?", (self.context,))
         return {plan: json.loads(rec) for plan, rec in cur}
 
     def put_many(self, items: Iterable[tuple[Sequence, Mapping[str, Any]]]) -> None:
+        if self._db is None:
+            return
         rows = [(self.context, plan_text(k), json.dumps(rec, allow_nan=True)) for k, rec in items]
         if rows:
             with self._db:
                 self._db.executemany("INSERT OR REPLACE INTO records VALUES (?, ?, ?)", rows)
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()

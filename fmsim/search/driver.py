@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import ConfigError
 from .cache import ResultCache, context_key, default_cache_dir, plan_text
 from .evaluate import Evaluator
-from .executors import run_chunks
+from .executors import run_groups
 from .rank import EXPLICIT, Ranked, goal_order, pareto_frontier, priced, winners_by_instance
 from .space import SearchSpace, candidates, default_space, parse_nodes, plan_dict
 
@@ -94,21 +94,16 @@ def _base(sc):
     return dataclasses.replace(sc, measured={}, measured_source="", measured_notes={}, expect={})
 
 
-def _by_shared_work(keys: Sequence) -> list:
-    """``keys`` with the plans that share their stage costs side by side (the same plan but for the node
-    count and ZeRO stage), in order of first appearance: a worker's chunk then reuses what it costed (the
-    estimate's caches live in each process) instead of every worker costing every layout again. The
-    records are put back in plan order after."""
+def _by_shared_work(keys: Sequence) -> list[list]:
+    """``keys`` in groups of the plans that share work, in order of first appearance: the same layout (tp,
+    pp, vpp, cp, ep, micro-batch, recompute, offloading) on every instance type, node count and ZeRO stage.
+    Plans on one instance share their stage costs and all of them their activation memory (the estimate's
+    caches live in each process), so a worker that gets a group whole costs each piece once instead of
+    every worker costing every layout again. The records are put back in plan order after."""
     groups: dict[tuple, list] = {}
     for k in keys:
-        groups.setdefault((k[0], *k[2:8], *k[9:]), []).append(k)
-    return [k for g in groups.values() for k in g]
-
-
-def _chunks(keys: Sequence, workers: int) -> list[list]:
-    keys = _by_shared_work(keys)
-    size = max(32, min(512, len(keys) // max(1, workers * 8) or 1))
-    return [list(keys[i:i + size]) for i in range(0, len(keys), size)]
+        groups.setdefault((*k[2:8], *k[9:]), []).append(k)
+    return list(groups.values())
 
 
 def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequence[int] | None = None,
@@ -157,11 +152,17 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     if not keys:
         raise ConfigError("the search space is empty (no plan passes the axes' pairing rules)")
 
-    cache = ResultCache(None if cache_dir is False else (cache_dir or default_cache_dir()), context_key(base))
+    directory = None if cache_dir is False else (cache_dir or default_cache_dir())
+    cache = ResultCache(directory, context_key(base) if directory is not None else "")
     try:
         known = cache.load()
-        found = {plan_text(k): known[plan_text(k)] for k in keys if plan_text(k) in known}
-        todo = [k for k in keys if plan_text(k) not in found]
+        found: dict[int, dict[str, Any]] = {}       # by position in keys
+        if known:
+            for i, k in enumerate(keys):
+                rec = known.get(plan_text(k))
+                if rec is not None:
+                    found[i] = rec
+        todo = [k for i, k in enumerate(keys) if i not in found] if found else keys
         done = len(found)
         if progress:
             progress(done, len(keys))
@@ -173,13 +174,11 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
             if progress:
                 progress(done, len(keys))
 
-        workers = jobs if dask is None else 8
-        chunks = _chunks(todo, workers)
-        new = run_chunks(chunks, base, jobs=jobs, dask=dask, on_chunk=on_chunk) if todo else []
+        new = run_groups(_by_shared_work(todo), base, jobs=jobs, dask=dask, on_chunk=on_chunk) if todo else []
     finally:
         cache.close()
-    fresh = {plan_text(k): r for chunk, recs in zip(chunks if todo else [], new) for k, r in zip(chunk, recs)}
-    records = [(k, found.get(plan_text(k)) or fresh[plan_text(k)]) for k in keys]
+    fresh = {k: r for chunk, recs in new for k, r in zip(chunk, recs)}
+    records = [(k, found[i] if i in found else fresh[k]) for i, k in enumerate(keys)]
 
     goals = (("deadline", deadline_s), ("budget", budget_usd))
     goal = "+".join(g for g, v in goals if v is not None) or "frontier"

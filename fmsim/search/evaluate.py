@@ -2,7 +2,8 @@
 
 Owns :class:`Evaluator`, which a worker process (or the search's own process) holds: the validated
 base scenario, the catalog, and the clusters it has checked already (one per instance and node count).
-For a plan key it derives the variant with :func:`fmsim.scenario.with_plan` -- the scenario reader's own
+For a plan key it derives the variant as :func:`fmsim.scenario.with_plan` does (one
+:class:`~fmsim.scenario.variants.PlanVariants` per evaluator) -- the scenario reader's own
 checks of what changed, so a plan refused here is refused when its file is loaded, with the same
 message -- and costs it with :func:`fmsim.estimate`. What comes back is a plain, JSON-able record:
 
@@ -27,11 +28,11 @@ class Evaluator:
     def __init__(self, base, catalog=None):
         from ..catalog import load_catalog
 
-        from ..scenario import scenario_to_mapping
+        from ..scenario.variants import PlanVariants
 
         self.base = base
         self.catalog = catalog if catalog is not None else load_catalog()
-        self._mapping = scenario_to_mapping(base, catalog=self.catalog)
+        self._variants = PlanVariants(base, catalog=self.catalog)
         self._clusters: dict[tuple[str, int], Any] = {}
 
     def _cluster(self, instance: str, nodes: int):
@@ -48,17 +49,15 @@ class Evaluator:
 
     def variant(self, key: Sequence):
         """The scenario of plan ``key`` (raises the reader's error when a rule refuses it)."""
-        from ..scenario import with_plan
-
         p = plan_dict(tuple(key))
         cluster = self._cluster(p["instance"], p["nodes"])
         if isinstance(cluster, Exception):
-            raise cluster
-        return with_plan(self.base, cluster=cluster, micro_batch=p["micro_batch"], catalog=self.catalog,
-                         mapping=self._mapping,
-                         tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"], ep=p["ep"], zero=p["zero"],
-                         recompute=p["recompute"], offload_activations=p["offload_activations"],
-                         dp_shard="auto")
+            raise cluster.with_traceback(None)
+        return self._variants.derive(cluster=cluster, micro_batch=p["micro_batch"],
+                                     tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"], ep=p["ep"],
+                                     zero=p["zero"],
+                                     recompute=p["recompute"], offload_activations=p["offload_activations"],
+                                     dp_shard="auto")
 
     def __call__(self, key: Sequence) -> dict[str, Any]:
         from .. import api

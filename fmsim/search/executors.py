@@ -1,9 +1,14 @@
 """Where a search's plans are evaluated: this process, local worker processes, or a Dask cluster.
 
-Owns :func:`run_chunks`: it evaluates chunks of plan keys and hands each chunk's records to a callback
-as it completes (to cache them and move the progress bar), and returns every record in the order of the
-keys, whatever order the workers finished in -- so the answer does not depend on the executor. The
-executors:
+Owns :func:`run_groups`: it cuts groups of plan keys (the plans that share work, side by side) into
+chunks for the executor, evaluates them and hands each chunk's records to a callback as it completes (to
+cache them and move the progress bar), and returns each chunk with its records -- the caller puts them
+back in plan order, so the answer does not depend on the executor or the chunking. The chunks: one
+process takes the groups in order, an eighth of the plans at a time (32 to :data:`SERIAL_CHUNK`); worker
+processes and Dask workers
+get :data:`TASKS_PER_WORKER` chunks each (more for large searches, at most :data:`MAX_CHUNK` plans a chunk),
+the groups dealt round-robin so that every chunk holds a like mix of cheap and costly plans and the
+workers finish together, with few tasks to schedule and few results to send back. The executors:
 
 * ``jobs == 1``: this process, chunk by chunk;
 * ``jobs > 1``: a :class:`concurrent.futures.ProcessPoolExecutor` whose workers hold the base scenario
@@ -34,21 +39,45 @@ class SearchInterrupted(BaseException):
     """Raised (by the CLI's SIGTERM handler) to stop a search; a BaseException like KeyboardInterrupt."""
 
 
-def run_chunks(chunks: Sequence[Sequence], base, *, jobs: int = 1, dask: Any = None,
-               on_chunk: OnChunk | None = None) -> list[Records]:
-    """Records of each chunk of plan keys, in chunk order (see the module docstring)."""
+#: plans per chunk on one process (how often the cache is written and the progress bar moves)
+SERIAL_CHUNK = 512
+#: chunks per worker process or Dask worker, and the most plans in one chunk
+TASKS_PER_WORKER = 4
+MAX_CHUNK = 1024
+
+
+def deal(groups: Sequence[Sequence], tasks: int) -> list[list]:
+    """``groups`` dealt round-robin into at most ``tasks`` chunks (each group whole, in order)."""
+    out: list[list] = [[] for _ in range(max(1, min(tasks, len(groups))))]
+    for i, g in enumerate(groups):
+        out[i % len(out)].extend(g)
+    return [c for c in out if c]
+
+
+def _worker_chunks(groups: Sequence[Sequence], workers: int) -> list[list]:
+    n = sum(len(g) for g in groups)
+    return deal(groups, max(TASKS_PER_WORKER * workers, -(-n // MAX_CHUNK)))
+
+
+def run_groups(groups: Sequence[Sequence], base, *, jobs: int = 1, dask: Any = None,
+               on_chunk: OnChunk | None = None) -> list[tuple[list, Records]]:
+    """(chunk of plan keys, their records) for every plan of ``groups`` (see the module docstring)."""
     if dask is not None:
-        return _run_dask(chunks, base, dask, on_chunk)
-    if jobs <= 1 or len(chunks) <= 1:
+        return _run_dask(groups, base, dask, on_chunk)
+    if jobs <= 1:
+        keys = [k for g in groups for k in g]
+        size = max(32, min(SERIAL_CHUNK, len(keys) // 8))
+        chunks = [keys[i:i + size] for i in range(0, len(keys), size)]
         ev = Evaluator(base)
-        out: list[Records] = []
+        out: list[tuple[list, Records]] = []
         for i, chunk in enumerate(chunks):
             recs = [ev(k) for k in chunk]
             if on_chunk:
                 on_chunk(i, chunk, recs)
-            out.append(recs)
+            out.append((chunk, recs))
         return out
-    return _run_processes(chunks, base, jobs, on_chunk)
+    chunks = _worker_chunks(groups, jobs)
+    return list(zip(chunks, _run_processes(chunks, base, jobs, on_chunk)))
 
 
 def _mp_context():
@@ -122,26 +151,31 @@ def _dask_client(dask: Any):
         raise ConfigError(f"--dask: cannot reach a scheduler at {text!r} ({exc})") from None
 
 
-def _run_dask(chunks: Sequence[Sequence], base, dask: Any, on_chunk: OnChunk | None) -> list[Records]:
+def _run_dask(groups: Sequence[Sequence], base, dask: Any,
+              on_chunk: OnChunk | None) -> list[tuple[list, Records]]:
     from dask.distributed import as_completed
 
     client, cluster, own = _dask_client(dask)
-    out: list[Records | None] = [None] * len(chunks)
     futures = []
+    done = 0
     try:
-        base_f = client.scatter(base, broadcast=True)
-        futures = client.map(evaluate_chunk, [list(c) for c in chunks], base=base_f, pure=False)
+        workers = max(1, sum(client.nthreads().values()))
+        chunks = _worker_chunks(groups, workers)
+        out: list[Records | None] = [None] * len(chunks)
+        base_f = client.scatter(base, broadcast=True)         # once: the tasks carry plan keys only
+        futures = client.map(evaluate_chunk, chunks, base=base_f, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for fut, recs in as_completed(futures, with_results=True):
             i = index[fut.key]
             out[i] = recs
+            done += 1
             if on_chunk:
                 on_chunk(i, chunks[i], recs)
     finally:
-        if any(r is None for r in out):
+        if futures and done < len(futures):
             client.cancel(futures)
         if own:
             client.close()
         if cluster is not None:
             cluster.close()
-    return [r for r in out if r is not None]
+    return [(c, r) for c, r in zip(chunks, out) if r is not None]
