@@ -199,6 +199,20 @@ class _Section:
             )
         return float(out)
 
+    def parsed(
+        self, key: str, parse: Callable[[Any], Any], default: Any = _MISSING, *, expected: str = ""
+    ) -> Any:
+        """The value read through ``parse`` (a :mod:`fmsim.units` parser, or any callable raising
+        :class:`~fmsim.errors.ConfigError`), its error located, with no bound: for values whose rule the
+        caller checks itself (a request rate may be ``inf``; a bound may depend on another key)."""
+        if not self.has(key) and default is not _MISSING:
+            return default
+        value = self.raw(key, hint=expected)
+        try:
+            return parse(value)
+        except ConfigError as exc:
+            raise self.err(key, exc.message) from None
+
     def number(
         self,
         key: str,

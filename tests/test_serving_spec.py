@@ -191,3 +191,16 @@ def test_max_total_len_below_the_shortest_request_names_the_field():
     with pytest.raises(ConfigError, match="no request fits") as exc:
         parse_traffic(_sharegpt_scenario(max_total_len=6)["traffic"], "s.yaml")
     assert exc.value.field == "traffic.max_total_len"
+
+
+def test_the_sections_use_the_shared_reader_and_a_bad_limit_is_one_located_line():
+    from fmsim import fields
+    from fmsim.workloads import inference_spec, rl_spec
+
+    assert inference_spec._Section is fields._Section and rl_spec._Section is fields._Section
+    with pytest.raises(ConfigError) as e:   # a null limit was a TypeError traceback before the shared reader
+        parse_slo({"ttft_p99": None}, "x.yaml")
+    assert str(e.value) == "x.yaml: slo.ttft_p99: is required (a latency like '2 s' or '50 ms')"
+    with pytest.raises(ConfigError) as e:   # the nested form names the nested path
+        parse_slo({"itl": {"p99": 0}}, "x.yaml")
+    assert str(e.value) == "x.yaml: slo.itl.p99: 0 must be > 0 (expected a latency like '2 s' or '50 ms')"

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UnitError
+from ..fields import _Section, suggest
 from ..units import parse_count, parse_time
 
 ARRIVALS = ("poisson", "constant", "bursty", "closed-loop", "offline")
@@ -53,106 +54,26 @@ REDRAW_ROUNDS = 200   # redraws of out-of-window lengths before a window is call
 # reading helpers
 
 
-class _Section:
-    """One mapping of a scenario with located errors (``file: section.key: message``)."""
+def _open(data: Any, file: str | None, where: str, allowed: tuple[str, ...]) -> _Section:
+    """A section read by the shared reader (:class:`fmsim.fields._Section`, the one scenarios and
+    catalogs use); a section left out (or null) reads as empty: every key at its default."""
+    return _Section({} if data is None else data, file, where, allowed)
 
-    def __init__(self, data: Any, file: str | None, where: str, allowed: tuple[str, ...]):
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"expected a mapping, got {type(data).__name__}", file=file, field=where)
-        from ..catalog import suggest
 
-        for k in data:
-            if k not in allowed:
-                raise ConfigError(f"unknown key{suggest(str(k), allowed)}", file=file, field=f"{where}.{k}")
-        self.data, self.file, self.where = data, file, where
+def _sub(s: _Section, key: str, allowed: tuple[str, ...]) -> _Section:
+    """``s``'s mapping at ``key``, empty when the key is left out (or null)."""
+    return s.section(key, allowed) or _open(None, s.file, s.path(key), allowed)
 
-    def err(self, key: str, message: str) -> ConfigError:
-        return ConfigError(message, file=self.file, field=f"{self.where}.{key}" if key else self.where)
 
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def raw(self, key: str, default: Any = None) -> Any:
-        v = self.data.get(key)
-        return default if v is None else v
-
-    def parsed(self, key: str, parse, default: Any = None) -> Any:
-        if not self.has(key):
-            return default
-        try:
-            return parse(self.data[key])
-        except ConfigError as exc:
-            raise self.err(key, exc.message) from None
-        except (TypeError, ValueError) as exc:
-            raise self.err(key, str(exc)) from None
-
-    def integer(self, key: str, default: Any = None, minimum: int = 1, allow_auto: bool = False) -> Any:
-        if not self.has(key):
-            return default
-        v = self.data[key]
-        if allow_auto and v == "auto":
-            return None
-        if isinstance(v, bool):
-            raise self.err(key, f"{v!r} is not an integer")
-        if isinstance(v, str):
-            try:
-                v = parse_count(v)
-            except ConfigError as exc:
-                raise self.err(key, exc.message) from None
-        if isinstance(v, float):
-            if not v.is_integer():
-                raise self.err(key, f"{v!r} is not an integer")
-            v = int(v)
-        if not isinstance(v, int):
-            raise self.err(key, f"{v!r} is not an integer{' or auto' if allow_auto else ''}")
-        if v < minimum:
-            raise self.err(key, f"{v} must be >= {minimum}")
-        return v
-
-    def number(self, key: str, default: Any = None, *, low: float | None = None, high: float | None = None,
-               low_open: bool = False) -> Any:
-        if not self.has(key):
-            return default
-        v = self.data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.err(key, f"{v!r} is not a number")
-        v = float(v)
-        if not math.isfinite(v):
-            raise self.err(key, f"{v!r} is not finite")
-        if low is not None and (v < low or (low_open and v == low)):
-            raise self.err(key, f"{v:g} must be {'>' if low_open else '>='} {low:g}")
-        if high is not None and v > high:
-            raise self.err(key, f"{v:g} must be <= {high:g}")
-        return v
-
-    def boolean(self, key: str, default: Any = None) -> Any:
-        if not self.has(key):
-            return default
-        v = self.data[key]
-        if not isinstance(v, bool):
-            raise self.err(key, f"{v!r} is not true/false")
-        return v
-
-    def choice(self, key: str, choices: tuple[str, ...], default: Any = None) -> Any:
-        if not self.has(key):
-            return default
-        v = str(self.data[key])
-        if v not in choices:
-            from ..catalog import suggest
-
-            raise self.err(key, f"unknown value {v!r}{suggest(v, choices)}")
-        return v
-
-    def sub(self, key: str, allowed: tuple[str, ...]) -> _Section:
-        return _Section(self.data.get(key), self.file, f"{self.where}.{key}", allowed)
+def _count_or_auto(s: _Section, key: str) -> int | None:
+    """A count (``64``, ``"2k"``) >= 1, or ``auto`` / left out: None (the engine's default)."""
+    return None if s.raw(key, None) == "auto" else s.integer(key, None, counts=True)
 
 
 def _parse_rate_per_s(v: Any) -> float:
     """Requests per second from ``12``, ``"12/s"``, ``"600/min"``, ``"inf"``."""
     if isinstance(v, bool):
-        raise TypeError(f"{v!r} is not a rate")
+        raise UnitError(f"{v!r} is not a rate")
     if isinstance(v, (int, float)):
         return float(v)
     s = str(v).strip().replace(" ", "")
@@ -166,7 +87,7 @@ def _parse_rate_per_s(v: Any) -> float:
     try:
         return float(number) / per
     except ValueError:
-        raise ValueError(
+        raise UnitError(
             f"cannot read {str(v).strip()!r} as a request rate (expected requests per second: 12, "
             "'12/s', '600/min', '2/h' or 'inf')"
         ) from None
@@ -329,10 +250,11 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
         if v < 1 or not float(v).is_integer():
             raise ConfigError(f"{data!r} must be a whole number of tokens >= 1", file=file, field=where)
         return fixed_length(int(v))
-    s = _Section(data, file, where, LENGTH_KEYS)
+    s = _Section(data, file, where, LENGTH_KEYS, what="a number of tokens, or a mapping with keys "
+                 + ", ".join(LENGTH_KEYS))
     kind = s.choice("dist", LENGTH_KINDS, "fixed")
-    lo = s.integer("min", 1, minimum=1)
-    hi = s.integer("max", 0, minimum=0)
+    lo = s.integer("min", 1, minimum=1, counts=True)
+    hi = s.integer("max", 0, minimum=0, counts=True)
     if hi and hi < lo:
         raise s.err("max", f"{hi} is below min {lo}")
     outside = s.choice("outside", OUTSIDE, "clip")
@@ -340,7 +262,7 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     if kind == "fixed":
         if not s.has("value"):
             raise s.err("value", "is required for dist: fixed")
-        value = s.integer("value")
+        value = s.integer("value", counts=True)
         if outside == "redraw" and (value < lo or (hi and value > hi)):
             raise s.err("value", f"{value} is outside [min, max], so outside: redraw can never draw it")
         return LengthDist(kind=kind, value=value, **bounds)
@@ -348,7 +270,7 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
         for k in ("low", "high"):
             if not s.has(k):
                 raise s.err(k, "is required for dist: uniform")
-        low, high = s.integer("low"), s.integer("high")
+        low, high = s.integer("low", counts=True), s.integer("high", counts=True)
         if high < low:
             raise s.err("high", f"{high} is below low {low}")
         if outside == "redraw" and (high < lo or (hi and low > hi)):
@@ -357,23 +279,22 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     if kind == "normal":
         if not s.has("mean"):
             raise s.err("mean", "is required for dist: normal")
-        return LengthDist(kind=kind, mean=s.number("mean", low=0, low_open=True),
-                          stdev=s.number("stdev", 0.0, low=0), **bounds)
+        return LengthDist(kind=kind, mean=s.number("mean"), stdev=s.number("stdev", 0.0, inclusive=True),
+                          **bounds)
     if kind == "lognormal":
         if s.has("mean") == s.has("median"):
             raise s.err("median", "give exactly one of median or mean for dist: lognormal")
         if not s.has("sigma"):
             raise s.err("sigma", "is required for dist: lognormal (standard deviation of log length)")
-        return LengthDist(kind=kind, mean=s.number("mean", 0.0, low=0, low_open=True),
-                          median=s.number("median", 0.0, low=0, low_open=True),
-                          sigma=s.number("sigma", low=0), **bounds)
+        return LengthDist(kind=kind, mean=s.number("mean", 0.0), median=s.number("median", 0.0),
+                          sigma=s.number("sigma", inclusive=True), **bounds)
     # empirical
     if not s.has("file"):
         raise s.err("file", "is required for dist: empirical (a CSV file of lengths)")
     path = Path(str(s.raw("file")))
     if not path.is_absolute() and file:
         path = Path(file).parent / path
-    column = s.raw("column")
+    column = s.raw("column", None)
     values = _read_lengths(path, column, s)
     d = LengthDist(kind=kind, values=values, **bounds)
     if outside == "redraw" and d._outside(np.asarray(values, dtype=float)).all():
@@ -396,8 +317,6 @@ def _read_lengths(path: Path, column: Any, s: _Section) -> tuple[int, ...]:
     elif has_header and str(column) in header:
         idx = header.index(str(column))
     else:
-        from ..catalog import suggest
-
         raise s.err("column", f"no column {column!r} in {str(path)!r}{suggest(str(column), header)}")
     out = []
     for i, row in enumerate(rows[1:] if has_header else rows, start=2 if has_header else 1):
@@ -538,10 +457,10 @@ class InferenceSpec:
 
 
 def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
-    s = _Section(data, file, "traffic", TRAFFIC_KEYS)
+    s = _open(data, file, "traffic", TRAFFIC_KEYS)
     arrival = s.choice("arrival", ARRIVALS, None)
     rate = s.parsed("rate", _parse_rate_per_s, None)
-    concurrency = s.integer("concurrency", 0, minimum=1)
+    concurrency = s.integer("concurrency", 0, minimum=1, counts=True)
     if arrival is None:
         if concurrency:
             arrival = "closed-loop"
@@ -560,22 +479,18 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
         raise s.err("concurrency", "is required for arrival: closed-loop (number of clients)")
     if arrival != "closed-loop" and concurrency:
         raise s.err("concurrency", f"only applies to arrival: closed-loop (not {arrival})")
-    burst = s.number("burstiness", 2.0, low=0, low_open=True)
+    burst = s.number("burstiness", 2.0)
     if s.has("burstiness") and arrival != "bursty":
         raise s.err("burstiness", f"only applies to arrival: bursty (not {arrival})")
-    duration = s.parsed("duration", parse_time, None)
-    if duration is not None and not duration > 0:
-        raise s.err("duration", "must be > 0")
-    horizon = s.parsed("horizon", parse_time, None)
-    if horizon is not None and not horizon > 0:
-        raise s.err("horizon", "must be > 0")
+    duration = s.quantity("duration", parse_time, None, expected="a duration like '10 min'")
+    horizon = s.quantity("horizon", parse_time, None, expected="a duration like '1 h'")
     default_n = 1000 if duration is None else MAX_REQUESTS
-    n = s.integer("requests", default_n)
+    n = s.integer("requests", default_n, counts=True)
     _at_most(s, "requests", n, MAX_REQUESTS, "requests")
     prompt = parse_length(s.raw("prompt_len", 1000), file=file, where="traffic.prompt_len")
     output = parse_length(s.raw("output_len", 1000), file=file, where="traffic.output_len")
-    cached = s.integer("cached_prefix_len", 0, minimum=0)
-    max_total = s.integer("max_total_len", 0, minimum=0)
+    cached = s.integer("cached_prefix_len", 0, minimum=0, counts=True)
+    max_total = s.integer("max_total_len", 0, minimum=0, counts=True)
     if max_total and max_total < prompt.min + output.min:
         raise s.err("max_total_len", f"{max_total} is below prompt_len min + output_len min "
                                      f"({prompt.min + output.min}), so no request fits")
@@ -589,24 +504,22 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
 def parse_serving(data: Any, file: str | None) -> ServingSpec:
     from ..model.serving_cost import ENGINES
 
-    s = _Section(data, file, "serving", SERVING_KEYS)
+    s = _open(data, file, "serving", SERVING_KEYS)
     engine = s.choice("engine", tuple(ENGINES), "vllm")
-    mf = s.number("memory_fraction", None, low=0, high=1, low_open=True)
+    mf = s.fraction("memory_fraction", None)
     disagg = None
     if s.has("disaggregation"):
-        d = s.sub("disaggregation", DISAGG_KEYS)
-        for k in ("prefill_replicas", "decode_replicas"):
-            if not d.has(k):
-                raise d.err(k, "is required")
-        disagg = DisaggSpec(prefill_replicas=d.integer("prefill_replicas"),
-                            decode_replicas=d.integer("decode_replicas"),
-                            prefill_tp=d.integer("prefill_tp", None), decode_tp=d.integer("decode_tp", None))
-    bs = s.integer("kv_block_size", None)
+        d = _sub(s, "disaggregation", DISAGG_KEYS)
+        disagg = DisaggSpec(prefill_replicas=d.integer("prefill_replicas", counts=True),
+                            decode_replicas=d.integer("decode_replicas", counts=True),
+                            prefill_tp=d.integer("prefill_tp", None, counts=True),
+                            decode_tp=d.integer("decode_tp", None, counts=True))
+    bs = s.integer("kv_block_size", None, counts=True)
     return ServingSpec(
         engine=engine,
-        replicas=s.integer("replicas", None, allow_auto=True),
-        max_seqs=s.integer("max_seqs", None, allow_auto=True),
-        max_batch_tokens=s.integer("max_batch_tokens", None, allow_auto=True),
+        replicas=_count_or_auto(s, "replicas"),
+        max_seqs=_count_or_auto(s, "max_seqs"),
+        max_batch_tokens=_count_or_auto(s, "max_batch_tokens"),
         chunked_prefill=s.boolean("chunked_prefill", None),
         mixed_batches=s.boolean("mixed_batches", None),
         prefix_caching=s.boolean("prefix_caching", None),
@@ -634,13 +547,13 @@ def _at_most(s: _Section, key: str, value: int, bound: int, what: str) -> None:
 
 
 def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeComputeSpec:
-    s = _Section(data, file, "test_time_compute", TTC_KEYS)
-    samples = s.integer("samples", 1)
+    s = _open(data, file, "test_time_compute", TTC_KEYS)
+    samples = s.integer("samples", 1, counts=True)
     _at_most(s, "samples", samples, MAX_SAMPLES, "samples per prompt")
     strategy = s.choice("strategy", STRATEGIES, None)
     if strategy is None:
         strategy = "best-of-n" if s.has("verifier") else ("self-consistency" if samples > 1 else "none")
-    rounds = s.integer("revision_rounds", 1)
+    rounds = s.integer("revision_rounds", 1, counts=True)
     _at_most(s, "revision_rounds", rounds, MAX_REVISION_ROUNDS, "revision rounds")
     if rounds > 1 and strategy != "sequential-revision":
         raise s.err("revision_rounds", f"only applies to strategy: sequential-revision (not {strategy})")
@@ -650,27 +563,24 @@ def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeCo
         raise s.err("samples", f"strategy {strategy} needs samples >= 2")
     budget, tlen = 0, None
     if s.has("thinking"):
-        t = s.sub("thinking", THINKING_KEYS)
-        if not t.has("budget"):
-            raise t.err("budget", "is required (maximum thinking tokens per sample)")
-        budget = t.integer("budget")
-        if not t.has("length"):
-            raise t.err("length", "is required (distribution of thinking tokens, e.g. "
-                        "{dist: lognormal, median: 4000, sigma: 1.0})")
-        tlen = parse_length(t.raw("length"), file=file, where="test_time_compute.thinking.length")
+        t = _sub(s, "thinking", THINKING_KEYS)
+        budget = t.integer("budget", counts=True, hint="maximum thinking tokens per sample")
+        length = t.raw("length", hint="distribution of thinking tokens, e.g. "
+                       "{dist: lognormal, median: 4000, sigma: 1.0}")
+        tlen = parse_length(length, file=file, where="test_time_compute.thinking.length")
     verifier = None
     if s.has("verifier"):
         if strategy != "best-of-n":
             raise s.err("verifier", f"a verifier scores samples for strategy: best-of-n (not {strategy})")
-        v = s.sub("verifier", VERIFIER_KEYS)
-        if not v.has("model"):
-            raise v.err("model", "is required (a model_catalog name or an inline architecture)")
-        model = _resolve_model(v.raw("model"), file, "test_time_compute.verifier.model", catalog)
+        v = _sub(s, "verifier", VERIFIER_KEYS)
+        model = _resolve_model(v.raw("model", hint="a model_catalog name or an inline architecture"), file,
+                               "test_time_compute.verifier.model", catalog)
         from ..catalog import PRECISIONS
 
         verifier = VerifierSpec(model=model, precision=v.choice("precision", PRECISIONS, None),
-                                tp=v.integer("tp", 1), replicas=v.integer("replicas", 1),
-                                output_len=v.integer("output_len", 1))
+                                tp=v.integer("tp", 1, counts=True),
+                                replicas=v.integer("replicas", 1, counts=True),
+                                output_len=v.integer("output_len", 1, counts=True))
     elif strategy == "best-of-n":
         raise s.err("verifier", "strategy best-of-n needs a verifier: {model: ..., tp: ...}")
     return TestTimeComputeSpec(samples=samples, strategy=strategy, revision_rounds=rounds,
@@ -695,19 +605,17 @@ def _resolve_model(raw: Any, file: str | None, where: str, catalog: Any) -> Any:
 def parse_slo(data: Any, file: str | None) -> SLOSpec:
     """``{ttft_p99: 2 s, tpot_p50: 50 ms}`` or ``{ttft: {p99: 2 s}, tpot: {p50: 50 ms}}``."""
     allowed = tuple(f"{m}_{p}" for m in SLO_METRICS for p in SLO_STATS) + SLO_METRICS
-    s = _Section(data, file, "slo", allowed)
+    s = _open(data, file, "slo", allowed)
     limits: dict[tuple[str, str], float] = {}
+    latency = "a latency like '2 s' or '50 ms'"
     for key in s.data:
         if key in SLO_METRICS:
-            sub = s.sub(str(key), SLO_STATS)
+            sub = _sub(s, key, SLO_STATS)
             for stat in sub.data:
-                limits[(str(key), str(stat))] = sub.parsed(str(stat), parse_time)
+                limits[(key, stat)] = sub.quantity(stat, parse_time, expected=latency)
         else:
-            metric, stat = str(key).rsplit("_", 1)
-            limits[(metric, stat)] = s.parsed(str(key), parse_time)
-    for (m, p), v in limits.items():
-        if not v > 0:
-            raise s.err(f"{m}_{p}", f"{v:g} s must be > 0")
+            metric, stat = key.rsplit("_", 1)
+            limits[(metric, stat)] = s.quantity(key, parse_time, expected=latency)
     return SLOSpec(limits_s=limits)
 
 

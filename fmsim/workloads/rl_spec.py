@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..fields import _Section, suggest
 from ..units import parse_bytes, parse_time
 from .inference_spec import (
     SERVING_KEYS,
     LengthDist,
     ServingSpec,
+    _open,
     _resolve_model,
-    _Section,
+    _sub,
     parse_length,
     parse_serving,
 )
@@ -211,18 +213,18 @@ def _reward(s: _Section, catalog: Any) -> RewardSpec:
     if raw == "rule":
         return RewardSpec()
     if isinstance(raw, Mapping) and not ({"layers", "hidden"} & set(raw)):
-        r = s.sub("reward_model", REWARD_KEYS)
+        r = _sub(s, "reward_model", REWARD_KEYS)
         model = (
             _resolve_model(r.raw("model"), s.file, "rl.reward_model.model", catalog)
             if r.has("model")
             else None
         )
-        cpu = r.parsed("cpu_time", parse_time, 0.0)
-        if cpu < 0:
-            raise r.err("cpu_time", f"{cpu:g} s must be >= 0")
+        cpu = r.quantity("cpu_time", parse_time, 0.0, inclusive=True,
+                         expected="CPU time per sample, e.g. '5 ms'")
         if model is not None and r.has("cpu_time"):
             raise r.err("cpu_time", "is the cost of a rule reward (give model or cpu_time, not both)")
-        return RewardSpec(model=model, cpu_time_s=cpu, workers=r.integer("workers", DEFAULT_REWARD_WORKERS))
+        workers = r.integer("workers", DEFAULT_REWARD_WORKERS, counts=True)
+        return RewardSpec(model=model, cpu_time_s=cpu, workers=workers)
     if isinstance(raw, bool) or not isinstance(raw, (str, Mapping)):
         raise s.err(
             "reward_model", f"{raw!r} is not a reward (expected rule, {{cpu_time: 5 ms}}, or a model)"
@@ -231,7 +233,7 @@ def _reward(s: _Section, catalog: Any) -> RewardSpec:
 
 
 def _generation(s: _Section) -> GenerationSpec:
-    g = s.sub("generation", GENERATION_KEYS)
+    g = _sub(s, "generation", GENERATION_KEYS)
     serving_raw = {k: v for k, v in g.data.items() if k in GENERATION_SERVING_KEYS}
     try:
         sv = parse_serving(serving_raw, g.file)
@@ -239,7 +241,9 @@ def _generation(s: _Section) -> GenerationSpec:
         fld = (exc.field or "").removeprefix("serving")
         raise ConfigError(exc.message, file=exc.file, field=f"rl.generation{fld}") from None
     return GenerationSpec(
-        tp=g.integer("tp", 1), ep=g.integer("ep", 1), serving=dataclasses.replace(sv, replicas=1)
+        tp=g.integer("tp", 1, counts=True),
+        ep=g.integer("ep", 1, counts=True),
+        serving=dataclasses.replace(sv, replicas=1),
     )
 
 
@@ -251,7 +255,7 @@ def _placement(s: _Section) -> PlacementSpec:
                 "placement",
                 "disaggregated needs its pools: {disaggregated: {generation_nodes: N, training_nodes: M}}",
             )
-        s.choice("placement", PLACEMENTS)
+        s.choice("placement", PLACEMENTS, "colocated")
         return PlacementSpec()
     if not isinstance(raw, Mapping) or len(raw) != 1:
         raise s.err(
@@ -261,21 +265,16 @@ def _placement(s: _Section) -> PlacementSpec:
         )
     kind = str(next(iter(raw)))
     if kind not in PLACEMENTS:
-        from ..catalog import suggest
-
         raise s.err(f"placement.{kind}", f"unknown placement{suggest(kind, PLACEMENTS)}")
-    p = s.sub("placement", PLACEMENTS)
+    p = _sub(s, "placement", PLACEMENTS)
     if kind == "colocated":
-        c = p.sub("colocated", COLOCATED_KEYS)
+        c = _sub(p, "colocated", COLOCATED_KEYS)
         return PlacementSpec(training_state=c.choice("training_state", TRAINING_STATE, "offload"))
-    d = p.sub("disaggregated", DISAGG_KEYS)
-    for k in DISAGG_KEYS:
-        if not d.has(k):
-            raise d.err(k, "is required (nodes of this pool)")
+    d = _sub(p, "disaggregated", DISAGG_KEYS)
     return PlacementSpec(
         kind="disaggregated",
-        generation_nodes=d.integer("generation_nodes"),
-        training_nodes=d.integer("training_nodes"),
+        generation_nodes=d.integer("generation_nodes", counts=True, hint="nodes of this pool"),
+        training_nodes=d.integer("training_nodes", counts=True, hint="nodes of this pool"),
     )
 
 
@@ -287,14 +286,13 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
         spec = WeightSyncSpec(method=method)
         where = "weight_sync"
     else:
-        w = s.sub("weight_sync", SYNC_KEYS)
+        w = _sub(s, "weight_sync", SYNC_KEYS)
         method = w.choice("method", SYNC_METHODS, default)
         source = w.choice("source", SYNC_SOURCES, "device")
         if w.has("source") and method != "broadcast":
             raise w.err("source", f"applies to method: broadcast (not {method})")
-        bucket = w.parsed("bucket", parse_bytes, float(1 << 30))
-        if not bucket > 0:
-            raise w.err("bucket", "must be > 0 (bytes per broadcast bucket, e.g. 1 GiB)")
+        bucket = w.quantity("bucket", parse_bytes, float(1 << 30),
+                            expected="bytes per broadcast bucket, e.g. 1 GiB")
         spec = WeightSyncSpec(method=method, source=source, bucket_bytes=bucket)
         where = "weight_sync.method"
     if method == "reshard" and placement.kind == "disaggregated":
@@ -309,14 +307,13 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
 def _validation(s: _Section) -> ValidationSpec | None:
     if not s.has("validation"):
         return None
-    v = s.sub("validation", VALIDATION_KEYS)
-    for k in ("every", "samples"):
-        if not v.has(k):
-            raise v.err(k, "is required (validation: {every: steps, samples: prompts, batch: prompts a round})")
-    every, samples = v.integer("every", minimum=1), v.integer("samples", minimum=1)
+    v = _sub(s, "validation", VALIDATION_KEYS)
+    hint = "validation: {every: steps, samples: prompts, batch: prompts a round}"
+    every = v.integer("every", counts=True, hint=hint)
+    samples = v.integer("samples", counts=True, hint=hint)
     if samples > MAX_SEQUENCES:
         raise v.err("samples", f"{samples:,} must be <= {MAX_SEQUENCES:,}")
-    batch = v.integer("batch", samples, minimum=1)
+    batch = v.integer("batch", samples, counts=True)
     if batch > samples:
         raise v.err("batch", f"{batch} exceeds samples {samples} (no round would run: rounds = samples // batch)")
     return ValidationSpec(every=every, samples=samples, batch=batch)
@@ -325,10 +322,8 @@ def _validation(s: _Section) -> ValidationSpec | None:
 def _checkpoint_every(s: _Section) -> int:
     if not s.has("checkpoint"):
         return 0
-    c = s.sub("checkpoint", CHECKPOINT_KEYS)
-    if not c.has("every"):
-        raise c.err("every", "is required (steps between checkpoints)")
-    return c.integer("every", minimum=1)
+    c = _sub(s, "checkpoint", CHECKPOINT_KEYS)
+    return c.integer("every", counts=True, hint="steps between checkpoints")
 
 
 def parse_rl_spec(
@@ -336,10 +331,10 @@ def parse_rl_spec(
 ) -> RLSpec:
     """The ``rl:`` section of ``Scenario.extra`` as an :class:`RLSpec` (a missing section takes the
     defaults). ``policy``: the scenario's ``workload.model``, which ``reference``/``critic`` copy."""
-    s = _Section(extra.get("rl"), file, "rl", RL_KEYS)
+    s = _open(extra.get("rl"), file, "rl", RL_KEYS)
     algo = s.choice("algorithm", ALGORITHMS, "grpo")
     with_ref, with_critic = ALGORITHM_MODELS[algo]
-    samples = s.integer("samples_per_prompt", 1 if algo == "ppo" else 8)
+    samples = s.integer("samples_per_prompt", 1 if algo == "ppo" else 8, counts=True)
     if algo in ("grpo", "dapo", "rloo") and samples < 2:
         raise s.err(
             "samples_per_prompt",
@@ -347,10 +342,10 @@ def parse_rl_spec(
         )
     if samples > MAX_SAMPLES:
         raise s.err("samples_per_prompt", f"{samples} must be <= {MAX_SAMPLES:,}")
-    prompts = s.integer("prompts", 64)
+    prompts = s.integer("prompts", 64, counts=True)
     if prompts > MAX_PROMPTS:
         raise s.err("prompts", f"{prompts:,} must be <= {MAX_PROMPTS:,} prompt groups per step")
-    max_resp = s.integer("max_response_len", 0, minimum=1)
+    max_resp = s.integer("max_response_len", 0, minimum=1, counts=True)
     response = parse_length(s.raw("response_len", 1024), file=file, where="rl.response_len")
     if max_resp:
         # the cap truncates every longer response (a generation's max_new_tokens): clip at it
@@ -371,14 +366,14 @@ def parse_rl_spec(
             raise s.err(
                 "dynamic_sampling", f"is DAPO's group filter (algorithm {algo}; expected algorithm: dapo)"
             )
-        d = s.sub("dynamic_sampling", DYNAMIC_KEYS)
+        d = _sub(s, "dynamic_sampling", DYNAMIC_KEYS)
         if d.has("filtered_share") == d.has("over_generate"):
             raise d.err("filtered_share", "give exactly one of filtered_share or over_generate")
         if d.has("filtered_share"):
-            filtered = d.number("filtered_share", low=0.0, high=0.95)
+            filtered = d.number("filtered_share", inclusive=True, maximum=0.95)
             over = 1.0 / (1.0 - filtered)
         else:
-            over = d.number("over_generate", low=1.0, high=20.0)
+            over = d.number("over_generate", minimum=1.0, inclusive=True, maximum=20.0)
             filtered = 1.0 - 1.0 / over
     generated = prompts * over * samples
     if generated > MAX_SEQUENCES:
@@ -389,7 +384,7 @@ def parse_rl_spec(
             + f" = {generated:,.0f} sequences a step; at most {MAX_SEQUENCES:,} are simulated",
         )
     placement = _placement(s)
-    off = s.integer("off_policy", 0, minimum=0)
+    off = s.integer("off_policy", 0, minimum=0, counts=True)
     if off > 8:
         raise s.err("off_policy", f"{off} must be <= 8 (steps of staleness)")
     if off and placement.kind == "colocated":
@@ -398,13 +393,13 @@ def parse_rl_spec(
             f"{off} needs disaggregated placement (colocated generation and training "
             "share the GPUs, so they cannot overlap)",
         )
-    tgb = s.integer("train_global_batch", 0, minimum=1)
+    tgb = s.integer("train_global_batch", 0, minimum=1, counts=True)
     if tgb and tgb > prompts * samples:
         raise s.err(
             "train_global_batch",
             f"{tgb} exceeds the {prompts * samples} rollouts of a step (prompts x samples_per_prompt)",
         )
-    packed = s.integer("packed_seq_len", 0, minimum=1)
+    packed = s.integer("packed_seq_len", 0, minimum=1, counts=True)
     if packed and packed < prompt.smallest() + response.smallest():
         raise s.err(
             "packed_seq_len",
@@ -423,14 +418,14 @@ def parse_rl_spec(
         reward=_reward(s, catalog),
         train_global_batch=tgb,
         packed_seq_len=packed,
-        logprob_batch=s.integer("logprob_batch", 1, minimum=1),
+        logprob_batch=s.integer("logprob_batch", 1, minimum=1, counts=True),
         generation=_generation(s),
         placement=placement,
         off_policy=off,
         weight_sync=_weight_sync(s, placement),
         filtered_share=filtered,
         over_generate=over,
-        steps=s.integer("steps", 0, minimum=1),
+        steps=s.integer("steps", 0, minimum=1, counts=True),
         validation=_validation(s),
         checkpoint_every=_checkpoint_every(s),
     )
