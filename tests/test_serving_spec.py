@@ -204,3 +204,11 @@ def test_the_sections_use_the_shared_reader_and_a_bad_limit_is_one_located_line(
     with pytest.raises(ConfigError) as e:   # the nested form names the nested path
         parse_slo({"itl": {"p99": 0}}, "x.yaml")
     assert str(e.value) == "x.yaml: slo.itl.p99: 0 must be > 0 (expected a latency like '2 s' or '50 ms')"
+
+
+def test_a_negative_think_time_is_refused_on_one_located_line():
+    sc = _sharegpt_scenario()["traffic"]
+    with pytest.raises(ConfigError) as e:
+        parse_traffic({**sc, "think_time": "-2 s"}, "x.yaml")
+    assert e.value.field == "traffic.think_time" and "must be >= 0" in str(e.value) and "\n" not in str(e.value)
+    assert parse_traffic({**sc, "think_time": "0 s"}, "x.yaml").think_time_s == 0.0

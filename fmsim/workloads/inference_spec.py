@@ -494,9 +494,10 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
     if max_total and max_total < prompt.min + output.min:
         raise s.err("max_total_len", f"{max_total} is below prompt_len min + output_len min "
                                      f"({prompt.min + output.min}), so no request fits")
+    think = s.quantity("think_time", parse_time, 0.0, minimum=0.0, inclusive=True, expected="a time like '2 s'")
     return TrafficSpec(arrival=arrival, rate_per_s=rate if rate is not None else math.inf,
                        burstiness=burst, concurrency=concurrency, num_requests=n, duration_s=duration,
-                       horizon_s=horizon, think_time_s=s.parsed("think_time", parse_time, 0.0),
+                       horizon_s=horizon, think_time_s=think,
                        prompt_len=prompt, output_len=output, max_total_len=max_total,
                        cached_prefix_len=cached)
 
