@@ -127,6 +127,21 @@ class EngineProfile:
 #: the min(2 max_num_seqs, 512) cap changes nothing here)
 _VLLM_011_GRAPHS = (1, 2, 4, *range(8, 513, 8))
 
+
+def _vllm_011(name: str, max_seqs: int, max_batch_tokens: int, small: tuple[int, int] | None,
+              source: str) -> EngineProfile:
+    """A vLLM 0.11.0 entry point's profile: its limits, the V1 defaults it shares with the others."""
+    return EngineProfile(
+        name=name, iteration_overhead_s=0.0, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
+        small_device_limits=small, chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
+        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic", kv_follows_quantization=False,
+        window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
+        source=f"vLLM 0.11.0 (V1 engine) {source}; chunked prefill and prefix caching on for generative models "
+               "(_set_default_args L1547-1560); CUDA graphs for batches [1, 2, 4, 8, 16, ..., min(2 max_num_seqs, "
+               "512)] (vllm/config/scheduler.py cuda_graph_sizes L222-227, vllm/config/__init__.py "
+               "_set_cudagraph_sizes L551, vllm-project/vllm @f71952c1c); other defaults as vllm")
+
+
 ENGINES: Mapping[str, EngineProfile] = {
     "vllm": EngineProfile(
         name="vllm", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
@@ -156,36 +171,27 @@ ENGINES: Mapping[str, EngineProfile] = {
                "max_num_batched_tokens max(max_model_len, 2048) without chunked prefill (vllm/config.py L977-981), "
                "which is off unless max_model_len > 32768 (arg_utils.py L843-869): the 8192 here stands for a file "
                "that states neither, and the validation files state theirs"),
-    "vllm-0.11": EngineProfile(
-        name="vllm-0.11", iteration_overhead_s=0.0, max_seqs=1024, max_batch_tokens=8192,
-        small_device_limits=(256, 2048),
-        chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
-        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
-        kv_follows_quantization=False, window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
-        source="vLLM 0.11.0 (V1 engine) behind its OpenAI API server (vllm serve, api_server.py usage_context OPENAI_API_SERVER): vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1605-1624: UsageContext.OPENAI_API_SERVER max_num_seqs 1024, max_num_batched_tokens 8192 on a device of >= 70 GiB not named A100, else 256 and 2048; chunked prefill and prefix caching on for generative "
-               "models (_set_default_args L1547-1560); CUDA graphs for batches [1, 2, 4, 8, 16, ..., "
-               "min(2 max_num_seqs, 512)] (vllm/config/scheduler.py cuda_graph_sizes L222-227, vllm/config/__init__.py "
-               "_set_cudagraph_sizes L551, vllm-project/vllm @f71952c1c); other defaults as vllm"),
-    "vllm-0.11-llm": EngineProfile(
-        name="vllm-0.11-llm", iteration_overhead_s=0.0, max_seqs=1024, max_batch_tokens=16384,
-        small_device_limits=(256, 8192),
-        chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
-        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
-        kv_follows_quantization=False, window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
-        source="vLLM 0.11.0 (V1 engine) as the offline vllm.LLM class (entrypoints/llm.py L298 usage_context LLM_CLASS; vllm bench throughput builds an LLM, benchmarks/throughput.py L44): vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1605-1624: UsageContext.LLM_CLASS max_num_seqs 1024, max_num_batched_tokens 16384 on a device of >= 70 GiB not named A100, else 256 and 8192; chunked prefill and prefix caching on for generative "
-               "models (_set_default_args L1547-1560); CUDA graphs for batches [1, 2, 4, 8, 16, ..., "
-               "min(2 max_num_seqs, 512)] (vllm/config/scheduler.py cuda_graph_sizes L222-227, vllm/config/__init__.py "
-               "_set_cudagraph_sizes L551, vllm-project/vllm @f71952c1c); other defaults as vllm"),
-    "vllm-0.11-async": EngineProfile(
-        name="vllm-0.11-async", iteration_overhead_s=0.0, max_seqs=128, max_batch_tokens=2048,
-        small_device_limits=None,
-        chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
-        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
-        kv_follows_quantization=False, window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
-        source="vLLM 0.11.0 (V1 engine) as an AsyncLLM built from AsyncEngineArgs with no usage context (NeMo RL's async_engine: true, nemo_rl/models/generation/vllm/vllm_worker_async.py _create_engine, NVIDIA-NeMo/RL @00cf6b43: 'AsyncLLM.from_engine_args(self.llm_async_engine_args, stat_loggers=...)', the stored revision; 06beed91 is not stored): AsyncLLM.from_engine_args defaults to UsageContext.ENGINE_CONTEXT (vllm/v1/engine/async_llm.py L225), which vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1653-1678 leaves unset, so SchedulerConfig.__post_init__ sets max_num_seqs 128 and, with chunked prefill, DEFAULT_MAX_NUM_BATCHED_TOKENS 2048 (vllm/config/scheduler.py L167-173, vllm/utils/__init__.py L88) on every device; chunked prefill and prefix caching on for generative "
-               "models (_set_default_args L1547-1560); CUDA graphs for batches [1, 2, 4, 8, 16, ..., "
-               "min(2 max_num_seqs, 512)] (vllm/config/scheduler.py cuda_graph_sizes L222-227, vllm/config/__init__.py "
-               "_set_cudagraph_sizes L551, vllm-project/vllm @f71952c1c); other defaults as vllm"),
+    "vllm-0.11": _vllm_011("vllm-0.11", 1024, 8192, (256, 2048),
+        "behind its OpenAI API server (vllm serve, api_server.py usage_context "
+        "OPENAI_API_SERVER): vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) "
+        "_set_default_args L1605-1624: UsageContext.OPENAI_API_SERVER max_num_seqs 1024, "
+        "max_num_batched_tokens 8192 on a device of >= 70 GiB not named A100, else 256 and 2048"),
+    "vllm-0.11-llm": _vllm_011("vllm-0.11-llm", 1024, 16384, (256, 8192),
+        "as the offline vllm.LLM class (entrypoints/llm.py L298 usage_context "
+        "LLM_CLASS; vllm bench throughput builds an LLM, benchmarks/throughput.py L44): vllm-project/vllm "
+        "vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1605-1624: "
+        "UsageContext.LLM_CLASS max_num_seqs 1024, max_num_batched_tokens 16384 on a device of >= 70 GiB not "
+        "named A100, else 256 and 8192"),
+    "vllm-0.11-async": _vllm_011("vllm-0.11-async", 128, 2048, None,
+        "as an AsyncLLM built from AsyncEngineArgs with no usage context (NeMo RL's "
+        "async_engine: true, nemo_rl/models/generation/vllm/vllm_worker_async.py _create_engine, "
+        "NVIDIA-NeMo/RL @00cf6b43: 'AsyncLLM.from_engine_args(self.llm_async_engine_args, stat_loggers=...)',"
+        " the stored revision; 06beed91 is not stored): AsyncLLM.from_engine_args defaults to "
+        "UsageContext.ENGINE_CONTEXT (vllm/v1/engine/async_llm.py L225), which vllm-project/vllm "
+        "vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1653-1678 leaves unset, so "
+        "SchedulerConfig.__post_init__ sets max_num_seqs 128 and, with chunked prefill, "
+        "DEFAULT_MAX_NUM_BATCHED_TOKENS 2048 (vllm/config/scheduler.py L167-173, vllm/utils/__init__.py L88) "
+        "on every device"),
     "trtllm": EngineProfile(
         name="trtllm", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=None,
         chunked_prefill=False, mixed_batches=True, prefix_caching=True, kv_block_size=32,
