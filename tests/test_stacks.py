@@ -193,3 +193,81 @@ def test_serving_validation_files_that_name_a_stack_agree_with_it():
         assert sc.configuration == "stated" or sc.configuration_missing, f.name
         engine = scenario_to_mapping(sc)["serving"]["engine"]
         assert catalog.stacks[sc.stack].setting("serving.engine").value == engine, f.name
+
+
+# vLLM's shipped batch limits per release and entry point (issue 27: serving stacks; issue 26: NeMo RL on vLLM 0.11)
+V011 = "vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0)"
+
+
+def test_vllm_release_profiles_state_the_limits_their_source_lines_give():
+    """Each vLLM 0.11 engine profile's limits, per entry point and device class, are the ones its source quotes
+    (arg_utils.py _set_default_args at tag v0.11.0), and the stack naming the release points at that profile."""
+    from fmsim.model.serving_cost import ENGINES
+    expected = {   # name: (large device, small device, the source's own words for them)
+        "vllm-0.11": ((1024, 8192), (256, 2048),
+                      "OPENAI_API_SERVER max_num_seqs 1024, max_num_batched_tokens 8192 on a device of >= 70 GiB "
+                      "not named A100, else 256 and 2048"),
+        "vllm-0.11-llm": ((1024, 16384), (256, 8192),
+                          "LLM_CLASS max_num_seqs 1024, max_num_batched_tokens 16384 on a device of >= 70 GiB "
+                          "not named A100, else 256 and 8192"),
+        "vllm-0.11-async": ((128, 2048), None, "max_num_seqs 128 and, with chunked prefill, "
+                            "DEFAULT_MAX_NUM_BATCHED_TOKENS 2048"),
+    }
+    stacks = load_catalog().stacks
+    for name, (large, small, words) in expected.items():
+        e = ENGINES[name]
+        assert (e.max_seqs, e.max_batch_tokens) == large and e.small_device_limits == small, name
+        assert V011 in e.source and words in e.source, name
+        assert e.chunked_prefill and e.graph_batch_sizes[:4] == (1, 2, 4, 8) and e.graph_batch_sizes[-1] == 512
+        assert all(b - a == 8 for a, b in zip(e.graph_batch_sizes[3:], e.graph_batch_sizes[4:]))
+        assert e.large_device_bytes == 70 * 2 ** 30
+        if name in stacks:
+            setting = stacks[name].setting("serving.engine")
+            assert setting.value == name and V011 in setting.source and words.replace(
+                "OPENAI_API_SERVER ", "").replace("LLM_CLASS ", "") in setting.source.replace(
+                "OPENAI_API_SERVER ", "").replace("LLM_CLASS ", "")
+    assert "max_num_seqs 256 (vllm-project/vllm vllm/engine/arg_utils.py L90 @32e7db2536, tag v0.6.0)" in \
+        ENGINES["vllm-0.6"].source and ENGINES["vllm-0.6"].max_seqs == 256
+
+
+def _serving_file(stack: str | None, instance: str, **serving):
+    data = {"version": 1, "name": "v", "seed": 1,
+            "workload": {"kind": "inference", "model": "llama3.1-8b", "precision": "bf16"},
+            "parallelism": {"tp": 1}, "cluster": {"instance": instance, "nodes": 1},
+            "traffic": {"arrival": "poisson", "rate": "5/s", "requests": 20, "prompt_len": 256, "output_len": 64},
+            "serving": dict(serving)}
+    if stack:
+        data["stack"] = stack
+    return scenario_from_mapping(data)
+
+
+@pytest.mark.parametrize("stack, instance, limits", [
+    ("vllm-0.11", "p5.48xlarge", (1024, 8192)),          # H100 80 GB
+    ("vllm-0.11", "p4de.24xlarge", (256, 2048)),         # A100 80 GB: excluded by name
+    ("vllm-0.11", "g6e.48xlarge", (256, 2048)),          # L40S 48 GB: under 70 GiB
+    ("vllm-0.11-llm", "p5.48xlarge", (1024, 16384)),
+    ("vllm-0.11-llm", "g6e.48xlarge", (256, 8192)),
+])
+def test_a_file_naming_the_vllm_release_inherits_its_limits_and_a_stated_limit_wins(stack, instance, limits):
+    from fmsim.workloads.inference import plan_from_scenario
+    cfg = plan_from_scenario(_serving_file(stack, instance)).pools[0].cfg
+    assert (cfg.max_seqs, cfg.max_batch_tokens, cfg.chunked_prefill) == (*limits, True)
+    cfg = plan_from_scenario(_serving_file(stack, instance, max_seqs=64, max_batch_tokens=4096)).pools[0].cfg
+    assert (cfg.max_seqs, cfg.max_batch_tokens) == (64, 4096)
+
+
+def test_nemo_rl_files_run_vllm_0_11_through_the_entry_point_their_recipe_uses():
+    """rl-*.yaml: async_engine false builds vllm.LLM (LLM_CLASS limits), true an AsyncLLM (ENGINE_CONTEXT)."""
+    from fmsim.workloads.rl_spec import parse_rl_spec
+    files = sorted((ROOT / "scenarios" / "validation" / "rl").glob("rl-*.yaml"))
+    seen = set()
+    for f in files:
+        sc = load_scenario(f)
+        engine = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model).generation.serving.engine
+        text = f.read_text()
+        if "vLLM 0.11.0" not in text:
+            continue
+        want = "vllm-0.11-llm" if "vllm.LLM (async_engine: false)" in text else "vllm-0.11-async"
+        assert engine == want, f.name
+        seen.add(engine)
+    assert seen == {"vllm-0.11-llm", "vllm-0.11-async"}

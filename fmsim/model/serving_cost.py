@@ -109,6 +109,37 @@ class EngineProfile:
     #: (dispatch + combine of each token's top-k copies) or ``allgather`` (every rank gathers all ranks'
     #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back)
     moe_comm: str = "all-to-all"
+    #: (max_seqs, max_batch_tokens) on a device with under ``large_device_bytes`` of memory or named A100:
+    #: vLLM >= 0.9 sets its defaults per device ("device_memory >= 70 * GiB_bytes and 'a100' not in
+    #: device_name", vllm/engine/arg_utils.py); None: the limits above hold on every device
+    small_device_limits: tuple[int, int] | None = None
+    large_device_bytes: float = 70 * 2.0 ** 30
+
+    def limits_on(self, accelerator: Any) -> tuple[int | None, int | None]:
+        """(max_seqs, max_batch_tokens) this engine defaults to on ``accelerator`` (a catalog Accelerator)."""
+        if self.small_device_limits is not None and (
+                accelerator.hbm_bytes < self.large_device_bytes or "a100" in accelerator.name.lower()):
+            return self.small_device_limits
+        return self.max_seqs, self.max_batch_tokens
+
+
+#: vLLM 0.11's default CUDA-graph capture sizes: [1, 2, 4] + range(8, 513, 8) (a batch never exceeds max_num_seqs, so
+#: the min(2 max_num_seqs, 512) cap changes nothing here)
+_VLLM_011_GRAPHS = (1, 2, 4, *range(8, 513, 8))
+
+
+def _vllm_011(name: str, max_seqs: int, max_batch_tokens: int, small: tuple[int, int] | None,
+              source: str) -> EngineProfile:
+    """A vLLM 0.11.0 entry point's profile: its limits, the V1 defaults it shares with the others."""
+    return EngineProfile(
+        name=name, iteration_overhead_s=0.0, max_seqs=max_seqs, max_batch_tokens=max_batch_tokens,
+        small_device_limits=small, chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
+        memory_fraction=0.9, memory_fraction_of="total", admission="optimistic", kv_follows_quantization=False,
+        window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
+        source=f"vLLM 0.11.0 (V1 engine) {source}; chunked prefill and prefix caching on for generative models "
+               "(_set_default_args L1547-1560); CUDA graphs for batches [1, 2, 4, 8, 16, ..., min(2 max_num_seqs, "
+               "512)] (vllm/config/scheduler.py cuda_graph_sizes L222-227, vllm/config/__init__.py "
+               "_set_cudagraph_sizes L551, vllm-project/vllm @f71952c1c); other defaults as vllm")
 
 
 ENGINES: Mapping[str, EngineProfile] = {
@@ -135,7 +166,32 @@ ENGINES: Mapping[str, EngineProfile] = {
                "moves the API server to its own process and overlaps output processing, and multi-step "
                "scheduling runs the remaining 29 % once per 10 steps, so the GPU still waits "
                "2.9 / (38 + 2.9) = 7.1 % of the time. Prefill-first, no chunked prefill and no prefix "
-               "caching: the V0 defaults under multi-step (engine arguments, docs.vllm.ai v0.6.0)"),
+               "caching: the V0 defaults under multi-step (engine arguments, docs.vllm.ai v0.6.0). Limits at the tag: "
+               "max_num_seqs 256 (vllm-project/vllm vllm/engine/arg_utils.py L90 @32e7db2536, tag v0.6.0); "
+               "max_num_batched_tokens max(max_model_len, 2048) without chunked prefill (vllm/config.py L977-981), "
+               "which is off unless max_model_len > 32768 (arg_utils.py L843-869): the 8192 here stands for a file "
+               "that states neither, and the validation files state theirs"),
+    "vllm-0.11": _vllm_011("vllm-0.11", 1024, 8192, (256, 2048),
+        "behind its OpenAI API server (vllm serve, api_server.py usage_context "
+        "OPENAI_API_SERVER): vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) "
+        "_set_default_args L1605-1624: UsageContext.OPENAI_API_SERVER max_num_seqs 1024, "
+        "max_num_batched_tokens 8192 on a device of >= 70 GiB not named A100, else 256 and 2048"),
+    "vllm-0.11-llm": _vllm_011("vllm-0.11-llm", 1024, 16384, (256, 8192),
+        "as the offline vllm.LLM class (entrypoints/llm.py L298 usage_context "
+        "LLM_CLASS; vllm bench throughput builds an LLM, benchmarks/throughput.py L44): vllm-project/vllm "
+        "vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1605-1624: "
+        "UsageContext.LLM_CLASS max_num_seqs 1024, max_num_batched_tokens 16384 on a device of >= 70 GiB not "
+        "named A100, else 256 and 8192"),
+    "vllm-0.11-async": _vllm_011("vllm-0.11-async", 128, 2048, None,
+        "as an AsyncLLM built from AsyncEngineArgs with no usage context (NeMo RL's "
+        "async_engine: true, nemo_rl/models/generation/vllm/vllm_worker_async.py _create_engine, "
+        "NVIDIA-NeMo/RL @00cf6b43: 'AsyncLLM.from_engine_args(self.llm_async_engine_args, stat_loggers=...)',"
+        " the stored revision; 06beed91 is not stored): AsyncLLM.from_engine_args defaults to "
+        "UsageContext.ENGINE_CONTEXT (vllm/v1/engine/async_llm.py L225), which vllm-project/vllm "
+        "vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args L1653-1678 leaves unset, so "
+        "SchedulerConfig.__post_init__ sets max_num_seqs 128 and, with chunked prefill, "
+        "DEFAULT_MAX_NUM_BATCHED_TOKENS 2048 (vllm/config/scheduler.py L167-173, vllm/utils/__init__.py L88) "
+        "on every device"),
     "trtllm": EngineProfile(
         name="trtllm", iteration_overhead_s=0.0, max_seqs=None, max_batch_tokens=None,
         chunked_prefill=False, mixed_batches=True, prefix_caching=True, kv_block_size=32,

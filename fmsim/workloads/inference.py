@@ -140,8 +140,9 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     hbm = instance.accelerator.hbm_bytes
     # an engine whose limits hold per attention-DP rank (TensorRT-LLM) runs `ranks` such batches at once
     ranks = cost.dp_groups if profile.limits_per_rank else 1
-    max_seqs = sv.max_seqs if sv.max_seqs is not None else profile.max_seqs
-    max_tokens = sv.max_batch_tokens if sv.max_batch_tokens is not None else profile.max_batch_tokens
+    default_seqs, default_tokens = profile.limits_on(instance.accelerator)
+    max_seqs = sv.max_seqs if sv.max_seqs is not None else default_seqs
+    max_tokens = sv.max_batch_tokens if sv.max_batch_tokens is not None else default_tokens
     # a first KV estimate with a provisional workspace sizes any ``auto`` limit, then the real one
     prov = cost.activation_bytes(max_tokens or 8192, max_seqs or 256, model)
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
