@@ -144,11 +144,15 @@ def _vllm_011(name: str, max_seqs: int, max_batch_tokens: int, small: tuple[int,
 
 ENGINES: Mapping[str, EngineProfile] = {
     "vllm": EngineProfile(
-        name="vllm", iteration_overhead_s=0.0, max_seqs=256, max_batch_tokens=8192,
+        name="vllm", iteration_overhead_s=0.0, max_seqs=1024, max_batch_tokens=8192, small_device_limits=(256, 2048),
         chunked_prefill=True, mixed_batches=True, prefix_caching=True, kv_block_size=16,
         memory_fraction=0.9, memory_fraction_of="total", admission="optimistic",
-        kv_follows_quantization=False, window_kv=True,
-        source="vLLM engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization 0.9, "
+        kv_follows_quantization=False, window_kv=True, graph_batch_sizes=_VLLM_011_GRAPHS,
+        source="the current release's OpenAI API server (vllm serve), as vllm-0.11: max_num_seqs 1024 and "
+               "max_num_batched_tokens 8192 on a device of >= 70 GiB not named A100, else 256 and 2048 "
+               "(vllm-project/vllm vllm/engine/arg_utils.py @f71952c1c (tag v0.11.0) _set_default_args "
+               "L1605-1624), CUDA graphs as vllm-0.11; vLLM engine arguments (block_size 16, "
+               "gpu_memory_utilization 0.9, "
                "kv_cache_dtype auto = model dtype), https://docs.vllm.ai/en/latest/serving/engine_args.html; "
                "V1 scheduler: chunked prefill and prefix caching on by default, 'near-zero CPU overhead' "
                "(vLLM blog 2025-01-27 'vLLM V1: A Major Upgrade'); recompute preemption "
