@@ -120,6 +120,7 @@ class FlowNetwork:
         self._pending = False
         self._on_link: dict[Hashable, dict[int, None]] = {}    # link -> flows on it, ordered
         self._dirty: dict[Hashable, None] = {}                  # links whose flows changed
+        self._paths: dict[tuple[Hashable, ...], tuple[Hashable, ...]] = {}  # links -> checked, each once
         self.num_recomputes = 0
 
     @property
@@ -137,10 +138,15 @@ class FlowNetwork:
         The transfer starts to take bandwidth after ``latency_s`` (α-β: latency, then bytes at the
         fair-share rate). An empty transfer or one over no links completes after its latency.
         """
-        links = tuple(dict.fromkeys(links))
-        for lk in links:
-            if lk not in self.capacities:
-                raise ConfigError(f"transfer over unknown link {lk!r}")
+        path = self._paths.get(links) if isinstance(links, tuple) else None
+        if path is None:
+            path = tuple(dict.fromkeys(links))
+            for lk in path:
+                if lk not in self.capacities:
+                    raise ConfigError(f"transfer over unknown link {lk!r}")
+            if isinstance(links, tuple):
+                self._paths[links] = path
+        links = path
         if not (math.isfinite(size_bytes) and size_bytes >= 0):
             raise ConfigError(f"transfer size must be a finite number of bytes >= 0, got {size_bytes!r}")
         if not (math.isfinite(latency_s) and latency_s >= 0):
@@ -213,8 +219,13 @@ class FlowNetwork:
             rates = max_min_rates({fid: self._flows[fid].links for fid in affected}, self.capacities)
             for fid in affected:
                 self._flows[fid].rate = rates[fid]
-        t_next = min((max(f.remaining, 0.0) / f.rate for f in self._flows.values() if f.rate > 0),
-                     default=math.inf)
+        t_next = math.inf
+        for f in self._flows.values():
+            if f.rate > 0:
+                r = f.remaining
+                t = (0.0 if 0.0 > r else r) / f.rate          # max(r, 0.0), as fast
+                if t < t_next:
+                    t_next = t
         if math.isfinite(t_next):
             ev = self.env.timeout(t_next)
             version = self._version

@@ -249,7 +249,7 @@ class ReplicaEngine:
         return int(shared + per.sum())
 
     def _could_admit(self, job: Job) -> bool:
-        live = int((job.gen < job.out).sum()) if not job.prefill_only else 1
+        live = int(np.count_nonzero(job.gen < job.out)) if not job.prefill_only else 1
         if self.num_running + self._prefilling_seqs() + live > self.cfg.max_seqs:
             return False
         need = self._job_block_total(job)
@@ -261,7 +261,7 @@ class ReplicaEngine:
         return need <= self.free_blocks
 
     def _prefilling_seqs(self) -> int:
-        return sum(1 if j.prefill_only else int((j.gen < j.out).sum()) for j in self.prefilling)
+        return sum(1 if j.prefill_only else int(np.count_nonzero(j.gen < j.out)) for j in self.prefilling)
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self):
@@ -534,7 +534,14 @@ class ReplicaEngine:
                 finished_jobs.append(job)
         keep = np.ones(len(jobs), dtype=bool)
         keep[idx] = False
-        self.seq_job = [j for j, kp in zip(jobs, keep.tolist()) if kp]
+        # the survivors in order, copied a run at a time (a few leave a batch of thousands)
+        kept: list[Job] = []
+        prev = 0
+        for i in sorted(set(idx.tolist())):
+            kept.extend(jobs[prev:i])
+            prev = i + 1
+        kept.extend(jobs[prev:])
+        self.seq_job = kept
         self.seq_idx, self.ctx, self.rem = self.seq_idx[keep], self.ctx[keep], self.rem[keep]
         self.own, self.blk = self.own[keep], self.blk[keep]
         for job in finished_jobs:

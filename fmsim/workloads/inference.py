@@ -534,8 +534,9 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
             e = fin[m] - j.arrival_s
             e2e.extend(e.tolist())
             outs.extend(o.tolist())
-            first_s.extend([j.first_token_s] * int(m.sum()))
-            arrival_s.extend([j.arrival_s] * int(m.sum()))
+            n_fin = int(np.count_nonzero(m))
+            first_s.extend([j.first_token_s] * n_fin)
+            arrival_s.extend([j.arrival_s] * n_fin)
             finish_s.extend(fin[m].tolist())
             multi = o > 1
             tp_ = np.where(multi, (fin[m] - j.first_token_s) / np.maximum(o - 1, 1), np.nan)
