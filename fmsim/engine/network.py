@@ -92,6 +92,7 @@ class _Flow:
     remaining: float
     done: simpy.Event
     rate: float = 0.0
+    close: float = 0.0       # remaining bytes at or under which the flow is done (_DONE_REL, _DONE_ABS)
 
 
 class FlowNetwork:
@@ -168,7 +169,7 @@ class FlowNetwork:
         self._advance()
         fid = self._ids
         self._ids += 1
-        self._flows[fid] = _Flow(links, size, size, done)
+        self._flows[fid] = _Flow(links, size, size, done, close=max(_DONE_REL * size, _DONE_ABS))
         for lk in links:
             self._on_link.setdefault(lk, {})[fid] = None
             self._dirty[lk] = None
@@ -235,9 +236,9 @@ class FlowNetwork:
         if version != self._version:
             return                                     # rates changed since: a newer timer exists
         self._advance()
+        soon = 1e-12 * max(1.0, self.env.now)
         finished = [fid for fid, f in self._flows.items()
-                    if f.remaining <= max(_DONE_REL * f.size, _DONE_ABS)
-                    or (f.rate > 0 and f.remaining / f.rate <= 1e-12 * max(1.0, self.env.now))]
+                    if f.remaining <= f.close or (f.rate > 0 and f.remaining / f.rate <= soon)]
         for fid in finished:
             f = self._flows.pop(fid)
             for lk in f.links:
