@@ -157,6 +157,15 @@ class EngineStats:
     itl_runs: list[tuple[float, float, int, int]] = field(default_factory=list)
 
 
+def _live_samples(job: Job) -> int:
+    """Samples of a job still to generate (a prefill-only job counts as one)."""
+    if job.prefill_only:
+        return 1
+    if job.n == 1:                   # the common case, without an array's worth of numpy calls
+        return int(job.gen[0] < job.out[0])
+    return int(np.count_nonzero(job.gen < job.out))
+
+
 class ReplicaEngine:
     """One engine: a batch stepping together on ``cost.engine_gpus`` GPUs.
 
@@ -249,7 +258,7 @@ class ReplicaEngine:
         return int(shared + per.sum())
 
     def _could_admit(self, job: Job) -> bool:
-        live = int(np.count_nonzero(job.gen < job.out)) if not job.prefill_only else 1
+        live = _live_samples(job)
         if self.num_running + self._prefilling_seqs() + live > self.cfg.max_seqs:
             return False
         need = self._job_block_total(job)
@@ -261,7 +270,7 @@ class ReplicaEngine:
         return need <= self.free_blocks
 
     def _prefilling_seqs(self) -> int:
-        return sum(1 if j.prefill_only else int(np.count_nonzero(j.gen < j.out)) for j in self.prefilling)
+        return sum(_live_samples(j) for j in self.prefilling)
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self):
