@@ -122,6 +122,7 @@ class FlowNetwork:
         self._on_link: dict[Hashable, dict[int, None]] = {}    # link -> flows on it, ordered
         self._dirty: dict[Hashable, None] = {}                  # links whose flows changed
         self._paths: dict[tuple[Hashable, ...], tuple[Hashable, ...]] = {}  # links -> checked, each once
+        self._alone: dict[tuple[Hashable, ...], float] = {}     # links -> rate of a flow alone on them
         self.num_recomputes = 0
 
     @property
@@ -216,7 +217,13 @@ class FlowNetwork:
             self._dirty.clear()
             return
         affected = self._affected()
-        if affected:
+        if len(affected) == 1:                          # a flow alone: its bottleneck, once per set of links
+            f = self._flows[affected[0]]
+            rate = self._alone.get(f.links)
+            if rate is None:
+                rate = self._alone[f.links] = max_min_rates({affected[0]: f.links}, self.capacities)[affected[0]]
+            f.rate = rate
+        elif affected:
             rates = max_min_rates({fid: self._flows[fid].links for fid in affected}, self.capacities)
             for fid in affected:
                 self._flows[fid].rate = rates[fid]
