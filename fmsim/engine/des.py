@@ -91,14 +91,17 @@ def run_jobs(jobs: Sequence[Job], capacities: Mapping[Hashable, float] | None = 
                 pending[i] += 1
             last_on_stream[j.stream] = i
     done = [False] * len(jobs)
+    start_s, end_s, spans = res.start_s, res.end_s, res.spans
+    # a transfer's bottleneck capacity, worked out once per distinct set of links
+    bottleneck: dict[tuple[Hashable, ...], float] = {}
 
     def finish(i: int, start: float) -> None:
         job = jobs[i]
         end = env.now
-        res.start_s[job.key] = start
-        res.end_s[job.key] = end
+        start_s[job.key] = start
+        end_s[job.key] = end
         if record and job.duration_s > 0:
-            res.spans.append(Span(job.stream or "async", job.label or job.key, job.category, start, end))
+            spans.append(Span(job.stream or "async", job.label or job.key, job.category, start, end))
         done[i] = True
         for w in waiters[i]:
             pending[w] -= 1
@@ -112,8 +115,11 @@ def run_jobs(jobs: Sequence[Job], capacities: Mapping[Hashable, float] | None = 
             finish(i, start)
             return
         if net is not None and job.links:
-            cap = min(caps[link] for link in job.links)
-            ev = net.transfer(job.links, job.duration_s * cap)
+            links = job.links
+            cap = bottleneck.get(links)
+            if cap is None:
+                cap = bottleneck[links] = min(caps[link] for link in links)
+            ev = net.transfer(links, job.duration_s * cap)
         else:
             ev = env.timeout(job.duration_s)
         ev.callbacks.append(lambda _ev, i=i, start=start: finish(i, start))

@@ -92,6 +92,7 @@ class _Flow:
     remaining: float
     done: simpy.Event
     rate: float = 0.0
+    close: float = 0.0       # remaining bytes at or under which the flow is done (_DONE_REL, _DONE_ABS)
 
 
 class FlowNetwork:
@@ -120,6 +121,8 @@ class FlowNetwork:
         self._pending = False
         self._on_link: dict[Hashable, dict[int, None]] = {}    # link -> flows on it, ordered
         self._dirty: dict[Hashable, None] = {}                  # links whose flows changed
+        self._paths: dict[tuple[Hashable, ...], tuple[Hashable, ...]] = {}  # links -> checked, each once
+        self._alone: dict[tuple[Hashable, ...], float] = {}     # links -> rate of a flow alone on them
         self.num_recomputes = 0
 
     @property
@@ -137,10 +140,15 @@ class FlowNetwork:
         The transfer starts to take bandwidth after ``latency_s`` (α-β: latency, then bytes at the
         fair-share rate). An empty transfer or one over no links completes after its latency.
         """
-        links = tuple(dict.fromkeys(links))
-        for lk in links:
-            if lk not in self.capacities:
-                raise ConfigError(f"transfer over unknown link {lk!r}")
+        path = self._paths.get(links) if isinstance(links, tuple) else None
+        if path is None:
+            path = tuple(dict.fromkeys(links))
+            for lk in path:
+                if lk not in self.capacities:
+                    raise ConfigError(f"transfer over unknown link {lk!r}")
+            if isinstance(links, tuple):
+                self._paths[links] = path
+        links = path
         if not (math.isfinite(size_bytes) and size_bytes >= 0):
             raise ConfigError(f"transfer size must be a finite number of bytes >= 0, got {size_bytes!r}")
         if not (math.isfinite(latency_s) and latency_s >= 0):
@@ -162,7 +170,7 @@ class FlowNetwork:
         self._advance()
         fid = self._ids
         self._ids += 1
-        self._flows[fid] = _Flow(links, size, size, done)
+        self._flows[fid] = _Flow(links, size, size, done, close=max(_DONE_REL * size, _DONE_ABS))
         for lk in links:
             self._on_link.setdefault(lk, {})[fid] = None
             self._dirty[lk] = None
@@ -209,12 +217,23 @@ class FlowNetwork:
             self._dirty.clear()
             return
         affected = self._affected()
-        if affected:
+        if len(affected) == 1:                          # a flow alone: its bottleneck, once per set of links
+            f = self._flows[affected[0]]
+            rate = self._alone.get(f.links)
+            if rate is None:
+                rate = self._alone[f.links] = max_min_rates({affected[0]: f.links}, self.capacities)[affected[0]]
+            f.rate = rate
+        elif affected:
             rates = max_min_rates({fid: self._flows[fid].links for fid in affected}, self.capacities)
             for fid in affected:
                 self._flows[fid].rate = rates[fid]
-        t_next = min((max(f.remaining, 0.0) / f.rate for f in self._flows.values() if f.rate > 0),
-                     default=math.inf)
+        t_next = math.inf
+        for f in self._flows.values():
+            if f.rate > 0:
+                r = f.remaining
+                t = (0.0 if 0.0 > r else r) / f.rate          # max(r, 0.0), as fast
+                if t < t_next:
+                    t_next = t
         if math.isfinite(t_next):
             ev = self.env.timeout(t_next)
             version = self._version
@@ -224,9 +243,9 @@ class FlowNetwork:
         if version != self._version:
             return                                     # rates changed since: a newer timer exists
         self._advance()
+        soon = 1e-12 * max(1.0, self.env.now)
         finished = [fid for fid, f in self._flows.items()
-                    if f.remaining <= max(_DONE_REL * f.size, _DONE_ABS)
-                    or (f.rate > 0 and f.remaining / f.rate <= 1e-12 * max(1.0, self.env.now))]
+                    if f.remaining <= f.close or (f.rate > 0 and f.remaining / f.rate <= soon)]
         for fid in finished:
             f = self._flows.pop(fid)
             for lk in f.links:

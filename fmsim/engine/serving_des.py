@@ -157,6 +157,15 @@ class EngineStats:
     itl_runs: list[tuple[float, float, int, int]] = field(default_factory=list)
 
 
+def _live_samples(job: Job) -> int:
+    """Samples of a job still to generate (a prefill-only job counts as one)."""
+    if job.prefill_only:
+        return 1
+    if job.n == 1:                   # the common case, without an array's worth of numpy calls
+        return int(job.gen[0] < job.out[0])
+    return int(np.count_nonzero(job.gen < job.out))
+
+
 class ReplicaEngine:
     """One engine: a batch stepping together on ``cost.engine_gpus`` GPUs.
 
@@ -249,7 +258,7 @@ class ReplicaEngine:
         return int(shared + per.sum())
 
     def _could_admit(self, job: Job) -> bool:
-        live = int((job.gen < job.out).sum()) if not job.prefill_only else 1
+        live = _live_samples(job)
         if self.num_running + self._prefilling_seqs() + live > self.cfg.max_seqs:
             return False
         need = self._job_block_total(job)
@@ -261,7 +270,7 @@ class ReplicaEngine:
         return need <= self.free_blocks
 
     def _prefilling_seqs(self) -> int:
-        return sum(1 if j.prefill_only else int((j.gen < j.out).sum()) for j in self.prefilling)
+        return sum(_live_samples(j) for j in self.prefilling)
 
     # -- the loop --------------------------------------------------------------------------
     def _run(self):
@@ -534,7 +543,14 @@ class ReplicaEngine:
                 finished_jobs.append(job)
         keep = np.ones(len(jobs), dtype=bool)
         keep[idx] = False
-        self.seq_job = [j for j, kp in zip(jobs, keep.tolist()) if kp]
+        # the survivors in order, copied a run at a time (a few leave a batch of thousands)
+        kept: list[Job] = []
+        prev = 0
+        for i in sorted(set(idx.tolist())):
+            kept.extend(jobs[prev:i])
+            prev = i + 1
+        kept.extend(jobs[prev:])
+        self.seq_job = kept
         self.seq_idx, self.ctx, self.rem = self.seq_idx[keep], self.ctx[keep], self.rem[keep]
         self.own, self.blk = self.own[keep], self.blk[keep]
         for job in finished_jobs:

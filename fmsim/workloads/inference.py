@@ -522,25 +522,35 @@ def _collect(sim: _Simulation, wall_events: int = 0) -> dict[str, Any]:
     finish_s: list[float] = []
     arrival_s: list[float] = []
     total_prompt = 0
+    # the samples of every job with a first token, gathered once: the per-sample figures are worked out
+    # over all of them together, element by element as per job (same values, same order)
+    fins: list[np.ndarray] = []
+    gen_outs: list[np.ndarray] = []
+    firsts: list[float] = []
+    arrivals: list[float] = []
     for j in jobs:
         src = sim.decode_jobs.get(j.jid, j) if disagg else j
         if math.isnan(j.first_token_s):
             continue
         ttft.append(j.first_token_s - j.arrival_s)
         total_prompt += j.prompt - j.cached
-        fin = src.finish_s
-        m = ~np.isnan(fin)
-        if m.any():
-            o = src.out[m]
-            e = fin[m] - j.arrival_s
-            e2e.extend(e.tolist())
-            outs.extend(o.tolist())
-            first_s.extend([j.first_token_s] * int(m.sum()))
-            arrival_s.extend([j.arrival_s] * int(m.sum()))
-            finish_s.extend(fin[m].tolist())
-            multi = o > 1
-            tp_ = np.where(multi, (fin[m] - j.first_token_s) / np.maximum(o - 1, 1), np.nan)
-            tpot.extend(tp_[multi].tolist())
+        fins.append(src.finish_s)
+        gen_outs.append(src.out)
+        firsts.append(j.first_token_s)
+        arrivals.append(j.arrival_s)
+    if fins:
+        sizes = [len(f) for f in fins]
+        fin_all = np.concatenate(fins)
+        m = ~np.isnan(fin_all)
+        fin = fin_all[m]
+        o = np.concatenate(gen_outs)[m]
+        first = np.repeat(np.array(firsts, dtype=float), sizes)[m]
+        arrival = np.repeat(np.array(arrivals, dtype=float), sizes)[m]
+        e2e = (fin - arrival).tolist()
+        outs = o.tolist()
+        first_s, arrival_s, finish_s = first.tolist(), arrival.tolist(), fin.tolist()
+        multi = o > 1
+        tpot = ((fin[multi] - first[multi]) / np.maximum(o[multi] - 1, 1)).tolist()
     ttft_a, tpot_a, e2e_a = np.array(ttft), np.array(tpot), np.array(e2e)
     out_tokens = float(np.sum(outs)) if outs else 0.0
     t0 = min((q.arrival_s for q in qs), default=0.0)

@@ -622,7 +622,9 @@ def simulate_pretrain(sc, *, trace_path: str | None = None, contention: bool = T
     """Discrete-event simulation of one step (``fmsim.simulate`` for training kinds); past
     :data:`FOLD_ABOVE` micro-batches the steady state is folded (:func:`simulate_folded`)."""
     plan = build_plan(sc)
-    step, breakdown, crit, fold, run = simulate_folded(plan, contention=contention, overlap=overlap)
+    # the spans of a run are kept for its trace only
+    step, breakdown, crit, fold, run = simulate_folded(plan, contention=contention, overlap=overlap,
+                                                       record=bool(trace_path))
     if trace_path:
         write_trace(run, trace_path, plan, folded=fold)
     details = {"engine": "des", "critical_stage": crit, "num_jobs": fold["jobs"]}
