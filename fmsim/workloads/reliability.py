@@ -35,7 +35,6 @@ from ..catalog import load_catalog, suggest
 from ..errors import ConfigError
 DEFAULT_FLEET = "llama3-405b-h100"
 DEFAULT_TRIALS = 200
-COMPONENT_UNITS = ("gpu", "node", "nic")
 DAY = 86400.0
 #: at most this many simulated interruptions over all trials of one replay (time and memory bound); beyond
 #: it the trials are cut (to 8 at least) and past 8 x this the renewal-theory closed form is used instead
@@ -75,13 +74,8 @@ def fleet_rates(name: str) -> tuple[dict[str, tuple[str, float]], str]:
         raise ConfigError(f"unknown failure-rate fleet {name!r}{suggest(name, list(fleets))}")
     entry = fleets[name]
     out = {}
-    for comp, spec in (entry.get("components") or {}).items():
-        unit, rate = spec.get("per"), spec.get("rate")
-        bad_rate = isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate < 0
-        if unit not in COMPONENT_UNITS or bad_rate:
-            raise ConfigError(f"failure_rates.{name}.components.{comp}: needs per: one of "
-                              f"{', '.join(COMPONENT_UNITS)} and rate >= 0 (got {spec!r})")
-        out[str(comp)] = (unit, float(rate))
+    for comp, spec in (entry.get("components") or {}).items():   # checked at load (catalog.offers)
+        out[str(comp)] = (spec["per"], float(spec["rate"]))
     return out, str(entry.get("source", ""))
 
 
