@@ -1,0 +1,123 @@
+"""Weight sync against checkpoint-engine's published updates (scenarios/validation/rl/ckpt-engine-*.yaml)
+and the properties of the host-memory broadcast update (:func:`fmsim.workloads.rl_phases.host_broadcast`).
+
+Issue 26's bar: weight sync median |error| <= 15 %. Not met: on 2026-12-02 the six updates are predicted
+25-54 % short (median 44.5 %, worst 54.0 %); docs/rl.md "Weight sync validation" says what is not priced.
+The guard below fails if the set gets worse than that plus a small margin; the target is a strict xfail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import fmsim
+from fmsim.scenario import load_scenario
+from fmsim.validate import validate_scenarios
+from fmsim.workloads import rl_phases as ph
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = sorted((ROOT / "scenarios" / "validation" / "rl").glob("ckpt-engine-*.yaml"))
+#: today's level (2026-12-02): median 44.5 %, worst 54.0 % (ckpt-engine-034), every update too short
+MEDIAN_BOUND, WORST_BOUND = 46.5, 56.0
+
+
+@lru_cache(maxsize=1)
+def errors() -> tuple[tuple[str, float], ...]:
+    rows = validate_scenarios((load_scenario(p) for p in CASES), fmsim.simulate, jobs=1)
+    assert not [r.error for r in rows if r.error], [r.error for r in rows if r.error]
+    return tuple((r.scenario, r.error_pct) for r in rows if r.error_pct is not None)
+
+
+def test_every_checkpoint_engine_row_is_a_file_that_validates():
+    assert [p.stem for p in CASES] == [f"ckpt-engine-0{i}" for i in range(32, 38)]
+    assert len(errors()) == 6
+
+
+def test_weight_sync_stays_at_todays_level():
+    vals = [abs(e) for _, e in errors()]
+    assert statistics.median(vals) <= MEDIAN_BOUND and max(vals) <= WORST_BOUND, errors()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 target not met: checkpoint-engine updates predicted 25-54 % short")
+def test_weight_sync_meets_the_issue_target():
+    assert statistics.median(abs(e) for _, e in errors()) <= 15.0
+
+
+def _scenario(stem: str = "ckpt-engine-034"):
+    return load_scenario(ROOT / "scenarios" / "validation" / "rl" / f"{stem}.yaml")
+
+
+def _update(sc, bucket: float = 4 * 2**30) -> float:
+    return ph.host_broadcast(sc, bucket, gpus=sc.cluster.gpus, nodes=sc.cluster.nodes, engine_gpus=16).time_s
+
+
+def _with_instance(sc, **changes):
+    inst = sc.cluster.instance
+    su = changes.pop("scale_up", None)
+    if su is not None:
+        inst = dataclasses.replace(inst, scale_up=dataclasses.replace(inst.scale_up, **su))
+    inst = dataclasses.replace(inst, **changes)
+    return dataclasses.replace(sc, cluster=dataclasses.replace(sc.cluster, instance=inst))
+
+
+def test_the_update_is_monotone_in_the_bytes_moved():
+    sc = _scenario()
+    times = []
+    for prec in ("fp8", "bf16"):
+        times.append(_update(dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, precision=prec))))
+    assert times[0] < times[1]
+    small = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, model=_scenario("ckpt-engine-032").workload.model))
+    assert _update(small) < _update(sc)
+
+
+@pytest.mark.parametrize("change", [
+    {"num_nics": 4},
+    {"num_nics": 2},
+    {"scale_up": {"bytes_per_s": 200e9}},
+    {"scale_up": {"bytes_per_s": 100e9}, "num_nics": 4},
+], ids=["4 NICs", "2 NICs", "H800-class NVLink", "both"])
+def test_fewer_or_slower_links_never_make_the_update_faster(change):
+    sc = _scenario()
+    assert _update(_with_instance(sc, **change)) >= _update(sc)
+
+
+@pytest.mark.parametrize("bucket_gib", [0.25, 1.0, 5.39, 64.0])
+def test_the_update_is_bounded_and_priced_for_any_bucket(bucket_gib):
+    sc = _scenario()
+    hb = ph.host_broadcast(sc, bucket_gib * 2**30, gpus=16, nodes=2, engine_gpus=16)
+    import math
+
+    share = hb.weight_bytes / 16
+    assert hb.buckets_per_owner == max(1, math.ceil(share / (bucket_gib * 2**30)))
+    assert hb.broadcasts == 16 * hb.buckets_per_owner
+    # every owner's turn ends with a barrier, and every byte is broadcast once
+    assert hb.time_s >= hb.broadcasts * hb.barrier_s + share / min(share, bucket_gib * 2**30) * hb.broadcast_s * 0.99
+
+
+def test_the_estimate_and_the_simulation_agree_and_the_step_is_the_update():
+    sc = _scenario("ckpt-engine-036")
+    a, b = fmsim.simulate(sc), fmsim.estimate(sc)
+    assert a.get("weight_sync_s") == b.get("weight_sync_s") == a.get("step_time_s") > 0
+    assert a.get("generation_tp") == 16 and a.details["engines"] == 16
+
+
+def test_a_full_rl_step_prices_a_host_broadcast_the_same_way():
+    from fmsim.scenario import scenario_from_mapping
+
+    base = {
+        "version": 1, "name": "x",
+        "workload": {"kind": "rl", "model": "llama3.1-8b", "precision": "bf16"},
+        "cluster": {"instance": "p5.48xlarge", "nodes": 1},
+        "parallelism": {"tp": 2, "zero": 1},
+        "rl": {"prompts": 8, "samples_per_prompt": 2, "response_len": 64, "prompt_len": 64,
+               "weight_sync": {"method": "broadcast", "source": "host", "bucket": "1 GiB"}},
+    }
+    full = fmsim.estimate(scenario_from_mapping(base, file="x.yaml"))
+    alone = fmsim.estimate(scenario_from_mapping({**base, "rl": {**base["rl"], "only": "weight_sync"}}, file="x.yaml"))
+    assert full.get("weight_sync_s") == pytest.approx(alone.get("weight_sync_s"))
+    assert full.get("step_time_s") > alone.get("step_time_s")
