@@ -121,3 +121,16 @@ def test_a_full_rl_step_prices_a_host_broadcast_the_same_way():
     alone = fmsim.estimate(scenario_from_mapping({**base, "rl": {**base["rl"], "only": "weight_sync"}}, file="x.yaml"))
     assert full.get("weight_sync_s") == pytest.approx(alone.get("weight_sync_s"))
     assert full.get("step_time_s") > alone.get("step_time_s")
+
+
+def test_an_update_alone_has_a_trace_and_a_row(tmp_path, capsys):
+    import json
+
+    from fmsim.cli import main
+
+    trace = tmp_path / "t.json"
+    assert main(["run", str(CASES[0]), "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "weight update" in out and "weight_sync_s" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat") == "weight_sync" and e.get("dur", 0) > 0 for e in events)

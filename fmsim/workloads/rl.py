@@ -433,6 +433,10 @@ def simulate_rl(sc: Any, *, trace_path: str | None = None) -> Result:
     """Discrete-event simulation of an RL step (``fmsim.simulate`` for ``kind: rl``)."""
     alone = _weight_sync_alone(sc)
     if alone is not None:
+        if trace_path:
+            from .rl_sync import write_sync_trace
+
+            write_sync_trace(alone, trace_path)
         return alone
     engine_trace: list | None = [] if trace_path else None
     plan = build_rl_plan(sc, estimate=False, trace=engine_trace)

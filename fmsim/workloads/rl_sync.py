@@ -16,6 +16,17 @@ from . import rl_phases as ph
 from .rl_spec import RLSpec
 
 
+def write_sync_trace(res: Result, path: str) -> None:
+    """``--trace`` of an update alone: one span on the GPUs' track (the timeline of an RL step has one phase)."""
+    from ..engine.des import Job, run_jobs
+    from .rl_timeline import timeline_rows, write_trace
+
+    t = float(res.metrics["weight_sync_s"])
+    run = run_jobs([Job("sync0", "gpus", t, (), category="weight_sync", label="weight update")], record=True)
+    write_trace(run, path, res.scenario)
+    res.details["timeline"] = timeline_rows(run)  # type: ignore[index]
+
+
 def weight_sync_result(sc: Any, spec: RLSpec) -> Result:
     """The update of every engine on the cluster's GPUs (checkpoint-engine's colocated parameter server:
     each GPU's rank holds a share of the checkpoint and the whole cluster is one broadcast group)."""
@@ -36,6 +47,9 @@ def weight_sync_result(sc: Any, spec: RLSpec) -> Result:
         "algorithm": spec.algorithm,
         "placement": spec.placement.kind,
         "off_policy": 0,
+        "rollouts_per_step": 0,  # no rollouts and no optimizer step: the update alone
+        "generated_sequences_per_step": 0,
+        "optimizer_steps": 0,
         "generation_gpus": cl.gpus,
         "training_gpus": 0,
         "generation_tp": engine_gpus,
@@ -54,6 +68,7 @@ def weight_sync_result(sc: Any, spec: RLSpec) -> Result:
             f"led by {what}; larger buckets, a faster fabric or fewer weights to move"
         ),
         "price_source": price.source,
+        "pools": {"gpus": {"gpus": cl.gpus, "busy_fraction": 1.0}},
     }
     return Result(
         scenario=sc.name,
