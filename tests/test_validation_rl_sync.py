@@ -134,3 +134,27 @@ def test_an_update_alone_has_a_trace_and_a_row(tmp_path, capsys):
     assert "weight update" in out and "weight_sync_s" in out
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("cat") == "weight_sync" and e.get("dur", 0) > 0 for e in events)
+
+
+@pytest.mark.parametrize("source", ["device", "host"])
+def test_a_disaggregated_broadcast_is_monotone_in_bytes_and_links(source):
+    from fmsim.scenario import scenario_from_mapping
+    from fmsim.workloads.rl_spec import parse_rl_spec
+
+    def sync(model="llama3.1-8b", **inst_changes):
+        sc = scenario_from_mapping({
+            "version": 1, "name": "x", "workload": {"kind": "rl", "model": model, "precision": "bf16"},
+            "cluster": {"instance": "p5.48xlarge", "nodes": 3},
+            "rl": {"prompts": 8, "samples_per_prompt": 2, "generation": {"tp": 8},
+                   "placement": {"disaggregated": {"generation_nodes": 2, "training_nodes": 1}},
+                   "weight_sync": {"method": "broadcast", "source": source, "bucket": "1 GiB"}},
+        }, file="x.yaml")
+        sc = _with_instance(sc, **inst_changes) if inst_changes else sc
+        spec = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
+        ro = ph.draw_rollouts(spec, 0, sc.file)
+        gen = ph.build_generation(sc, spec, 16, ro)
+        return ph.weight_sync_s(sc, spec, gen=gen, train_gpus=8, gen_nodes=2)[0]
+
+    base = sync()
+    assert sync("llama3.1-70b") > base
+    assert sync(num_nics=8) >= base and sync(num_nics=8, scale_up={"bytes_per_s": 200e9}) >= sync(num_nics=8)
