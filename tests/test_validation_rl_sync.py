@@ -158,3 +158,23 @@ def test_a_disaggregated_broadcast_is_monotone_in_bytes_and_links(source):
     base = sync()
     assert sync("llama3.1-70b") > base
     assert sync(num_nics=8) >= base and sync(num_nics=8, scale_up={"bytes_per_s": 200e9}) >= sync(num_nics=8)
+
+
+def test_an_update_whose_buffers_do_not_fit_beside_the_engine_is_refused_naming_them():
+    from fmsim.errors import OutOfMemoryError
+    from fmsim.scenario import scenario_from_mapping
+
+    def update(bucket):
+        return fmsim.simulate(scenario_from_mapping({
+            "version": 1, "name": "x", "workload": {"kind": "rl", "model": "kimi-k2", "precision": "fp8"},
+            "cluster": {"instance": "hgx-h20", "nodes": 2}, "pricing": {"usd_per_hour": 0.0001},
+            "rl": {"only": "weight_sync", "generation": {"tp": 16},
+                   "weight_sync": {"method": "broadcast", "source": "host", "bucket": bucket}},
+        }, file="x.yaml"))
+
+    ok = update("8 GiB")
+    assert ok.get("fits") and ok.memory["update_buffers"] == 3 * 8 * 2**30
+    with pytest.raises(OutOfMemoryError) as exc:
+        update("13 GiB")
+    assert "rl.weight_sync.bucket" in str(exc.value) and "3 buffers" in str(exc.value)
+    assert exc.value.breakdown["update_buffers"] == 3 * 13 * 2**30

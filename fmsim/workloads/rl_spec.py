@@ -308,15 +308,14 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
     return spec
 
 
-def _only(s: _Section, placement: PlacementSpec) -> str:
+def _only(s: _Section, placement: PlacementSpec, ws: WeightSyncSpec) -> str:
     """``only: weight_sync`` prices the weight update alone. The update then has no trainers to start
     from: it needs the weights waiting in host memory on the generation GPUs (checkpoint-engine's
     colocated parameter server: ``weight_sync: {method: broadcast, source: host}``, placement colocated)."""
     only = s.choice("only", ONLY_PHASES, "")
     if not only:
         return ""
-    raw = s.raw("weight_sync", None)
-    if not (isinstance(raw, Mapping) and raw.get("method") == "broadcast" and raw.get("source") == "host"):
+    if not (ws.method == "broadcast" and ws.source == "host"):
         raise s.err(
             "only",
             "weight_sync alone starts from weights in host memory (expected weight_sync: {method: "
@@ -429,6 +428,7 @@ def parse_rl_spec(
             f"{packed} is shorter than the shortest sequence "
             f"({prompt.smallest() + response.smallest()} tokens)",
         )
+    sync = _weight_sync(s, placement)
     return RLSpec(
         algorithm=algo,
         prompts=prompts,
@@ -445,13 +445,13 @@ def parse_rl_spec(
         generation=_generation(s),
         placement=placement,
         off_policy=off,
-        weight_sync=_weight_sync(s, placement),
+        weight_sync=sync,
         filtered_share=filtered,
         over_generate=over,
         steps=s.integer("steps", 0, minimum=1, counts=True),
         validation=_validation(s),
         checkpoint_every=_checkpoint_every(s),
-        only=_only(s, placement),
+        only=_only(s, placement, sync),
     )
 
 
