@@ -545,15 +545,16 @@ def weight_sync_s(
         # the trainers write one copy; every engine reads the whole checkpoint
         send = gather_s(sc, train_gpus) + w / bw
         return send + w * gen.engines / bw + load, send
+    if ws.source == "host":
+        # checkpoint-engine: the weights wait in host memory on the generation GPUs (host_broadcast)
+        t = host_broadcast(sc, ws.bucket_bytes, gpus=gen.gpus, nodes=gen_nodes, engine_gpus=gen.engine_gpus).time_s
+        return t, t
     # broadcast: buckets pipelined through their source -> every generation GPU (NCCL broadcast)
-    group = _group(gen.gpus + (0 if ws.source == "host" else 1), inst.num_accelerators)
-    nodes = gen_nodes + (0 if ws.source == "host" else 1)
+    group = _group(gen.gpus + 1, inst.num_accelerators)
+    nodes = gen_nodes + 1
     nb = max(1, math.ceil(w / ws.bucket_bytes))
     bucket = w / nb
     bcast = collective_time("broadcast", bucket, inst, group, nodes=nodes).time_s
-    if ws.source == "host":
-        t = host_broadcast(sc, ws.bucket_bytes, gpus=gen.gpus, nodes=gen_nodes, engine_gpus=gen.engine_gpus).time_s
-        return t, t
     # the source pushes every bucket once over its first hop (out of the training node)
     hop = collective_time("broadcast", bucket, inst, _group(2, 1), nodes=2).time_s
     gather = gather_s(sc, train_gpus)
