@@ -419,8 +419,25 @@ def make_result(sc: Any, plan: RLPlan, step: float, run: RunResult | None = None
     )
 
 
+def _weight_sync_alone(sc: Any) -> Result | None:
+    """The result of ``rl.only: weight_sync`` (the update priced alone, :mod:`.rl_sync`), else None."""
+    spec = parse_rl_spec(sc.extra, file=sc.file, policy=sc.workload.model)
+    if spec.only != "weight_sync":
+        return None
+    from .rl_sync import weight_sync_result
+
+    return weight_sync_result(sc, spec)
+
+
 def simulate_rl(sc: Any, *, trace_path: str | None = None) -> Result:
     """Discrete-event simulation of an RL step (``fmsim.simulate`` for ``kind: rl``)."""
+    alone = _weight_sync_alone(sc)
+    if alone is not None:
+        if trace_path:
+            from .rl_sync import write_sync_trace
+
+            write_sync_trace(alone, trace_path)
+        return alone
     engine_trace: list | None = [] if trace_path else None
     plan = build_rl_plan(sc, estimate=False, trace=engine_trace)
     step, run = step_time_des(plan)
@@ -431,6 +448,9 @@ def simulate_rl(sc: Any, *, trace_path: str | None = None) -> Result:
 
 def estimate_rl(sc: Any) -> Result:
     """Analytical estimate of an RL step (``fmsim.estimate``): same phase costs, no event queue."""
+    alone = _weight_sync_alone(sc)
+    if alone is not None:
+        return alone
     plan = build_rl_plan(sc, estimate=True)
     # the phases laid out on their pools (the timeline the closed form summarises; a test checks they agree)
     _, run = step_time_des(plan)

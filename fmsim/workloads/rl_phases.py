@@ -497,10 +497,14 @@ def _group(size: int, per_node: int) -> GroupShape:
     return GroupShape(size=size, per_node=max(1, min(size, per_node)))
 
 
-def weight_bytes(sc: Any) -> float:
-    """Bytes of the policy's weights as the generation engines hold them."""
+def weight_bytes(sc: Any, *, stored: bool = False) -> float:
+    """Bytes of the policy's weights as the generation engines hold them; ``stored``: as its checkpoint
+    holds them, multi-token-prediction modules included (a checkpoint-engine update moves every tensor of
+    the checkpoint, MTP layers too)."""
     prec = sc.workload.precision
-    return sc.workload.model.num_params * min(2.0, BYTES_PER_ELEMENT.get(prec, 2.0))
+    model = sc.workload.model
+    n = model.num_params + (model.num_mtp_params if stored else 0)
+    return n * min(2.0, BYTES_PER_ELEMENT.get(prec, 2.0))
 
 
 def gather_s(sc: Any, train_gpus: int) -> float:
@@ -541,20 +545,118 @@ def weight_sync_s(
         # the trainers write one copy; every engine reads the whole checkpoint
         send = gather_s(sc, train_gpus) + w / bw
         return send + w * gen.engines / bw + load, send
+    if ws.source == "host":
+        # checkpoint-engine: the weights wait in host memory on the generation GPUs (host_broadcast)
+        t = host_broadcast(sc, ws.bucket_bytes, gpus=gen.gpus, nodes=gen_nodes, engine_gpus=gen.engine_gpus).time_s
+        return t, t
     # broadcast: buckets pipelined through their source -> every generation GPU (NCCL broadcast)
-    group = _group(gen.gpus + (0 if ws.source == "host" else 1), inst.num_accelerators)
-    nodes = gen_nodes + (0 if ws.source == "host" else 1)
+    group = _group(gen.gpus + 1, inst.num_accelerators)
+    nodes = gen_nodes + 1
     nb = max(1, math.ceil(w / ws.bucket_bytes))
     bucket = w / nb
     bcast = collective_time("broadcast", bucket, inst, group, nodes=nodes).time_s
-    if ws.source == "host":
-        # checkpoint-engine: the weights wait in host memory; each bucket is copied host-to-device by its
-        # owner rank, broadcast, then loaded by the engines -- a three-stage pipeline over the buckets
-        h2d = bucket / acc.host_link_bytes_per_s
-        stages = (h2d, bcast, bucket / gen.engine_gpus / hbm)
-        t = sum(stages) + (nb - 1) * max(stages)
-        return t, t
     # the source pushes every bucket once over its first hop (out of the training node)
     hop = collective_time("broadcast", bucket, inst, _group(2, 1), nodes=2).time_s
     gather = gather_s(sc, train_gpus)
     return gather + nb * bcast + load, gather + nb * hop
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoint-engine: the weights wait in host memory and are broadcast to every engine in buckets
+
+
+#: torch.distributed.barrier on NCCL is an all-reduce of a one-element tensor
+BARRIER_BYTES = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostBroadcast:
+    """One checkpoint-engine update (``weight_sync: {method: broadcast, source: host}``), priced."""
+
+    time_s: float
+    weight_bytes: float
+    owners: int  # ranks that own a share of the checkpoint (every GPU of the update)
+    buckets_per_owner: int
+    broadcasts: int
+    h2d_s: float  # one full bucket host-to-device
+    broadcast_s: float  # one full bucket over the whole group
+    copy_s: float  # one full bucket device-to-device into the IPC buffer
+    reload_s: float  # one full bucket loaded by an engine rank (its 1/tp share)
+    barrier_s: float
+
+
+def host_broadcast(sc: Any, bucket_bytes: float, *, gpus: int, nodes: int, engine_gpus: int) -> HostBroadcast:
+    """The broadcast update of MoonshotAI/checkpoint-engine as its code runs it (``ParameterServer.
+    _update_per_bucket`` with no ``ranks``, checkpoint_engine/ps.py @415c3205):
+
+    * every one of the ``gpus`` ranks owns an equal share of the checkpoint in pinned host memory
+      (examples/update.py ``split_tensors`` deals the tensors over the world) and cuts it into buckets
+      of ``bucket_bytes`` (``_gen_h2d_buckets``: full buckets, then the remainder);
+    * round i: every rank copies its i-th bucket host-to-device at once (the h2d buffer, each over its
+      own host link), then the owners take turns: the owner copies its bucket into one half of a
+      double IPC buffer (device to device), broadcasts it over the whole group (one NCCL communicator
+      of every GPU, every vLLM instance), waits for the engine to finish loading the previous bucket,
+      and a barrier ends the turn; the engine then loads this bucket (vLLM ``load_weights``: each TP rank
+      copies its 1/tp share) while the next one is broadcast;
+    * the update ends with the last bucket's load.
+
+    Each piece is priced by what exists: the broadcast and the barrier by
+    :func:`fmsim.hardware.collectives.collective_time` over the placed group, the copies by the host
+    link and the HBM bandwidth (a copy reads and writes each byte). Not priced: Python, ZeroMQ and the
+    per-tensor work of ``load_weights``, ``process_weights_after_loading``, the bucket-size probe."""
+    inst = sc.cluster.instance
+    acc = inst.accelerator
+    w = weight_bytes(sc, stored=True)
+    hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    link = acc.host_link_bytes_per_s
+    if not link:
+        raise ConfigError(
+            f"the catalog has no host_link for {acc.name}, which a host-memory broadcast copies over "
+            "(expected source: device)",
+            file=sc.file,
+            field="rl.weight_sync.source",
+        )
+    group = _group(gpus, inst.num_accelerators)
+    share = w / gpus
+    full_rounds = int(share // bucket_bytes)
+    rest = share - full_rounds * bucket_bytes
+    if rest <= 1e-9 * share:
+        rest = 0.0
+    if not full_rounds:
+        bucket_bytes, full_rounds, rest = share, 1, 0.0
+
+    def bcast(b: float) -> float:
+        return collective_time("broadcast", b, inst, group, nodes=nodes).time_s
+
+    barrier = collective_time("all-reduce", BARRIER_BYTES, inst, group, nodes=nodes).time_s
+
+    def round_s(b: float, prev_load: float) -> tuple[float, float]:
+        """One round of ``b``-byte buckets: (seconds, the load of its last bucket, still running). The
+        round's host-to-device copies (all ranks at once) lead the first owner's turn; every turn waits
+        for the previous bucket's load."""
+        h2d, copy, send, load = b / link, 2.0 * b / hbm, bcast(b), 2.0 * b / engine_gpus / hbm
+        first = max(h2d + copy + send, prev_load) + barrier
+        return first + (gpus - 1) * (max(copy + send, load) + barrier), load
+
+    t, load = round_s(bucket_bytes, 0.0)
+    if full_rounds > 1:
+        t_full, _ = round_s(bucket_bytes, load)
+        t += (full_rounds - 1) * t_full
+    if rest:
+        t_rest, load = round_s(rest, load)
+        t += t_rest
+    t += load  # the last bucket's load ends the update
+    k = full_rounds + (1 if rest else 0)
+    full = bucket_bytes
+    return HostBroadcast(
+        time_s=t,
+        weight_bytes=w,
+        owners=gpus,
+        buckets_per_owner=k,
+        broadcasts=k * gpus,
+        h2d_s=full / link,
+        broadcast_s=bcast(full),
+        copy_s=2.0 * full / hbm,
+        reload_s=2.0 * full / engine_gpus / hbm,
+        barrier_s=barrier,
+    )

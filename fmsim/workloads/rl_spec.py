@@ -38,6 +38,8 @@ PLACEMENTS = ("colocated", "disaggregated")
 SYNC_METHODS = ("reshard", "broadcast", "storage")
 SYNC_SOURCES = ("device", "host")
 TRAINING_STATE = ("offload", "keep")
+#: ``rl.only``: price one phase alone (a benchmark that times only it, e.g. checkpoint-engine's update)
+ONLY_PHASES = ("weight_sync",)
 
 RL_KEYS = (
     "algorithm",
@@ -60,6 +62,7 @@ RL_KEYS = (
     "validation",
     "checkpoint",
     "steps",
+    "only",
 )
 #: the ``serving:`` fields that mean something for one rollout engine (no router, replicas or P/D split)
 GENERATION_SERVING_KEYS = tuple(k for k in SERVING_KEYS if k not in ("replicas", "router", "disaggregation"))
@@ -173,6 +176,7 @@ class RLSpec:
     steps: int = 0  # RL steps of the run (0: per-step figures only)
     validation: ValidationSpec | None = None  # generation of held-out prompts every few steps
     checkpoint_every: int = 0  # steps between synchronous checkpoints of the training state (0: none)
+    only: str = ""  # "weight_sync": the step is the weight update alone (no rollouts, no training)
 
     def __post_init__(self) -> None:
         assert self.algorithm in ALGORITHMS
@@ -304,6 +308,24 @@ def _weight_sync(s: _Section, placement: PlacementSpec) -> WeightSyncSpec:
     return spec
 
 
+def _only(s: _Section, placement: PlacementSpec, ws: WeightSyncSpec) -> str:
+    """``only: weight_sync`` prices the weight update alone. The update then has no trainers to start
+    from: it needs the weights waiting in host memory on the generation GPUs (checkpoint-engine's
+    colocated parameter server: ``weight_sync: {method: broadcast, source: host}``, placement colocated)."""
+    only = s.choice("only", ONLY_PHASES, "")
+    if not only:
+        return ""
+    if not (ws.method == "broadcast" and ws.source == "host"):
+        raise s.err(
+            "only",
+            "weight_sync alone starts from weights in host memory (expected weight_sync: {method: "
+            "broadcast, source: host, bucket: ...})",
+        )
+    if placement.kind != "colocated":
+        raise s.err("only", "weight_sync alone updates the engines on every GPU (expected placement: colocated)")
+    return only
+
+
 def _validation(s: _Section) -> ValidationSpec | None:
     if not s.has("validation"):
         return None
@@ -406,6 +428,7 @@ def parse_rl_spec(
             f"{packed} is shorter than the shortest sequence "
             f"({prompt.smallest() + response.smallest()} tokens)",
         )
+    sync = _weight_sync(s, placement)
     return RLSpec(
         algorithm=algo,
         prompts=prompts,
@@ -422,12 +445,13 @@ def parse_rl_spec(
         generation=_generation(s),
         placement=placement,
         off_policy=off,
-        weight_sync=_weight_sync(s, placement),
+        weight_sync=sync,
         filtered_share=filtered,
         over_generate=over,
         steps=s.integer("steps", 0, minimum=1, counts=True),
         validation=_validation(s),
         checkpoint_every=_checkpoint_every(s),
+        only=_only(s, placement, sync),
     )
 
 
