@@ -22,6 +22,9 @@ STORAGE_KINDS = ("fsx-lustre", "s3", "s3-express", "mountpoint-s3")
 STORAGE_MEDIA = ("ssd", "hdd")
 #: what a fleet's component rate is counted per (fmsim.workloads.reliability scales it by that count)
 FAILURE_UNITS = ("gpu", "node", "nic")
+#: which interruptions a fleet's rates count: every unexpected one whatever its cause, or only those the
+#: study attributes to hardware (a validation row compares like with like: docs/storage.md)
+FAILURE_COUNTS = ("all", "hardware")
 
 PRICE_KEYS = (*PRICING_OPTIONS, "notes", "source")          # an instance's prices, by purchase option
 PRICE_ROW_KEYS = ("usd_per_hour", "date", "region", "note", "source")
@@ -30,7 +33,7 @@ STORAGE_KEYS = ("kind", "deployment", "media", "throughput_per_tib", "network_pe
                 "put_requests_per_s", "usd_per_gb_month", "price_date", "notes", "source")
 ULTRACLUSTER_KEYS = ("instances", "oversubscription", "rail_optimized", "max_accelerators", "network_levels",
                      "notes", "source")
-FAILURE_RATE_KEYS = ("accelerator", "period_days", "gpus", "nodes", "components", "notes", "source")
+FAILURE_RATE_KEYS = ("accelerator", "period_days", "gpus", "nodes", "counts", "components", "notes", "source")
 COMPONENT_KEYS = ("per", "rate")
 
 
@@ -114,6 +117,7 @@ def check_failure_rates(name: str, e: _Entry) -> Mapping[str, Any]:
     e.number("period_days")
     e.integer("gpus", None, minimum=1)
     e.integer("nodes", None, minimum=1)
+    e.choice("counts", FAILURE_COUNTS, "all")
     shape = "component: {per: gpu | node | nic, rate: interruptions per unit per day}"
     comps = e.raw("components", hint=shape)
     if not isinstance(comps, Mapping) or not comps:

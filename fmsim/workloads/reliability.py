@@ -7,12 +7,13 @@ Owns the run-level figures of a training scenario's ``checkpoint:`` and ``reliab
   component -- GPU, HBM, NIC, switch, host, software -- from a fleet study in
   ``hardware_catalog/failure_rates.yaml`` (``reliability.fleet``, default ``llama3-405b-h100``, Llama 3's
   Table 5), scaled by the cluster's parts (GPUs, nodes, NICs), with ``reliability.rates`` overriding
-  single components (interruptions per unit per day).
+  single components (interruptions per unit per day). A fleet's ``counts`` says which interruptions its
+  rates count (``all``, or ``hardware``-attributed only: the result's notes say so).
 * **Checkpoint cost** from :mod:`fmsim.workloads.checkpointing` (sharded as the plan shards the state).
 * **The run.** Failures arrive as a Poisson process; each one loses the work since the last completed
   checkpoint, then costs the restart (``reliability.restart``) and the restore read. The run is replayed
-  ``reliability.trials`` times (default 200) with ``numpy.random.default_rng(scenario seed)`` -- the same
-  file gives the same figures -- until the useful work (``train_tokens``) is done, or for
+  ``reliability.trials`` times (default 200), trial k with ``numpy.random.default_rng([scenario seed, k])``
+  -- the same file gives the same figures, and every rate and interval meets the same random gaps -- until the useful work (``train_tokens``) is done, or for
   ``reliability.run_length`` of wall-clock time: interruptions, lost work, restart and restore time, and
   goodput (useful / wall-clock time) as mean and p10 / p50 / p90.
 * **The interval.** Young's ``sqrt(2 C M)`` (Young 1974, CACM 17(9)) and Daly's higher-order optimum
@@ -67,12 +68,21 @@ class Goodput:
     by_component: Mapping[str, float] = field(default_factory=dict)   # interruptions per second
 
 
-def fleet_rates(name: str) -> tuple[dict[str, tuple[str, float]], str]:
-    """``{component: (unit, interruptions per unit per day)}`` and the source of catalog fleet ``name``."""
+def _fleet(name: str) -> Mapping[str, Any]:
     fleets = load_catalog().extra.get("failure_rates", {})
     if name not in fleets:
         raise ConfigError(f"unknown failure-rate fleet {name!r}{suggest(name, list(fleets))}")
-    entry = fleets[name]
+    return fleets[name]
+
+
+def fleet_counts(name: str) -> str:
+    """Which interruptions catalog fleet ``name``'s rates count: ``all`` or ``hardware`` (catalog ``counts``)."""
+    return str(_fleet(name).get("counts") or "all")
+
+
+def fleet_rates(name: str) -> tuple[dict[str, tuple[str, float]], str]:
+    """``{component: (unit, interruptions per unit per day)}`` and the source of catalog fleet ``name``."""
+    entry = _fleet(name)
     out = {}
     for comp, spec in (entry.get("components") or {}).items():   # checked at load (catalog.offers)
         out[str(comp)] = (spec["per"], float(spec["rate"]))
@@ -128,12 +138,17 @@ def simulate_run(*, rate: float, interval: float | None, downtime: float, recove
     checkpoint of ``downtime`` after every ``interval`` of useful work; each interruption loses the work
     and checkpoint time since the last completed checkpoint and costs ``recover`` (restart + restore).
     Stops at ``useful`` seconds of work done or ``wall_limit`` of wall-clock time, whichever first.
-    None when the trials together would take more than ``max_events`` interruptions (time bound)."""
-    rng = np.random.default_rng(seed)
+    None when the trials together would take more than ``max_events`` interruptions (time bound).
+
+    Each trial draws from its own stream, ``default_rng([seed, trial])``: the same trial sees the same
+    standard exponential gaps whatever the rate, interval or downtime (common random numbers), so a higher
+    rate never gives a trial fewer interruptions in the same window, and two intervals are compared on the
+    same failures."""
     events = 0
     cycle = (interval + downtime) if interval else math.inf
     out = np.zeros((5, trials))
     for t in range(trials):
+        rng = np.random.default_rng([seed, t])
         done = wall = lost = rec = 0.0
         n = 0
         while True:
@@ -202,6 +217,9 @@ def run_goodput(sc, *, ckpt_bytes: float, write_s: float | None, downtime_s: flo
         notes.append("asynchronous checkpoint writes outlast the interval and stall training")
     comps = component_rates(sc, gpus, nodes, nics_per_node)
     lam = sum(comps.values())
+    if rel is not None and not rel.node_mtbf_s and fleet_counts(rel.fleet or DEFAULT_FLEET) == "hardware":
+        notes.append(f"fleet {rel.fleet or DEFAULT_FLEET} counts interruptions attributed to hardware only: "
+                     "software faults without a hardware signal are not in the expected interruptions")
     base = 1.0 / (1.0 + stall / interval) if interval else 1.0
     young = young_interval(stall, 1.0 / lam) if (lam and stall) else None
     if not lam:
