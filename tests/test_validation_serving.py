@@ -10,7 +10,9 @@ median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values). 2026-12-02: throughpu
 worst 82.5 % (inf-094), after CUDA graphs are captured as TensorRT-LLM does with padding; latency 10.9 %.
 Then the six nvidia/Llama-3.1-405B-Instruct-FP8 rows run the 16-bit KV cache their checkpoint declares
 (hf_quant_config.json kv_cache_quant_algo null; trtllm-bench keeps the checkpoint's KV dtype): throughput
-median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged.
+median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged. Then trtllm-bench's own batch and token
+limits (tensorrt_llm/bench/build/tuning.py calc_engine_setting: its checkpoint-based KV estimate) replace the ones
+sized to fmsim's KV capacity: throughput median 7.2 -> 7.0 %, worst 78.2 % (inf-094), latency unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -60,10 +62,13 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: (serving.attention_precision, the file's notes): ttc-011 +12.8 % -- median 33.1, worst 87.3; and ttc-010's
 #: (nvidia/DeepSeek-R1-0528-FP4, its notes): +6.5 % -- median 24.8, worst 87.3. Then CUDA graphs as TensorRT-LLM
 #: captures them with padding (the rank's own limit added as the last size): +24.8, +45.7, +82.5, +5.9, +12.8 %
-#: -- median 24.8, worst 82.5; bounds at those plus a margin
+#: -- median 24.8, worst 82.5. Then trtllm-bench's own limits (its checkpoint-based KV estimate over the 8 GPUs,
+#: applied per attention-DP rank: 1280 / 2304 a rank on H100) and each GPU's activations at its rank's share:
+#: +29.6, +49.8, +78.2, +5.9, +12.8 % -- median 29.6, worst 78.2 (the larger per-rank token budget admits prompts
+#: faster on B200 and H200, where all 3000 requests fit the KV cache); bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 26.5
-GUARD_MOE_WORST_PCT = 85.0
+GUARD_MOE_MEDIAN_PCT = 31.0
+GUARD_MOE_WORST_PCT = 80.5
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():
@@ -79,7 +84,7 @@ def _worst(latency: bool) -> float:
 
 
 def test_serving_errors_stay_at_today_s_level():
-    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.2 % measured)"
-    assert _worst(latency=False) <= 85.0, f"throughput worst {_worst(latency=False):.1f} % (82.5 % measured)"
+    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
+    assert _worst(latency=False) <= 80.5, f"throughput worst {_worst(latency=False):.1f} % (78.2 % measured)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

@@ -114,6 +114,9 @@ class EngineProfile:
     #: device_name", vllm/engine/arg_utils.py); None: the limits above hold on every device
     small_device_limits: tuple[int, int] | None = None
     large_device_bytes: float = 70 * 2.0 ** 30
+    #: how ``auto`` limits are sized: ``kv`` (to the KV capacity fmsim's memory model gives the engine) or
+    #: ``trtllm-bench`` (its own checkpoint-based estimate, :func:`trtllm_bench_kv_tokens`)
+    auto_limits_from: str = "kv"
 
     def limits_on(self, accelerator: Any) -> tuple[int | None, int | None]:
         """(max_seqs, max_batch_tokens) this engine defaults to on ``accelerator`` (a catalog Accelerator)."""
@@ -202,13 +205,15 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
-        limits_per_rank=True, moe_comm="allgather",
+        limits_per_rank=True, moe_comm="allgather", auto_limits_from="trtllm-bench",
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
                "CPU work behind GPU work (docs/source/features/overlap-scheduler.md); trtllm-bench sizes "
-               "max_batch_size from KV capacity / (ISL+OSL) and max_num_tokens from batch x (1+ISL/OSL), "
-               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py); with attention DP "
+               "max_batch_size from its own KV estimate (GPUs x device memory less the checkpoint's size, KV bytes "
+               "per token with max(tp, kv_heads) heads) / (ISL+OSL) and max_num_tokens from batch x (1+ISL/OSL), "
+               "capped at 4096 and 32768 (tensorrt_llm/bench/build/tuning.py @04cba88208 calc_engine_setting, "
+               "finetune_setting); with attention DP "
                "max_batch_size and max_num_tokens hold per rank (docs/source/blogs/"
                "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md @01c4ece911: '--max_batch_size: Max "
                "batch size in each rank'); the CUTLASS MoE with attention DP quantizes the tokens, all-gathers them with their "
@@ -246,16 +251,17 @@ def engine_profile(name: str) -> EngineProfile:
 
 
 def auto_limits(kv_capacity_tokens: float, prompt_len: float, output_len: float, *,
-                chunked_prefill: bool = True, max_prompt_len: float | None = None) -> tuple[int, int]:
+                chunked_prefill: bool = True, max_prompt_len: float | None = None, pp: int = 1) -> tuple[int, int]:
     """(max_seqs, max_batch_tokens) sized to the KV cache, as trtllm-bench does.
 
-    Batch limit = requests whose whole sequence fits the KV cache, capped at 4096 and rounded
-    up to a multiple of 32/128/256; token budget = batch x (1 + ISL/OSL), at least 2048, at most
-    32768 (tensorrt_llm/bench/build/tuning.py, ``finetune_setting``). Without chunked prefill the
-    budget is raised to hold the longest prompt next to a full batch of decodes, max ISL + batch
-    (tensorrt_llm/bench/benchmark/utils/general.py, ``get_settings``). Rules restated, not copied.
+    Batch limit = requests whose whole sequence fits the KV cache, capped at 4096, divided by the
+    pipeline stages and rounded up to a multiple of 32/128/256; token budget = batch x (1 + ISL/OSL),
+    at least 2048, at most 32768 (tensorrt_llm/bench/build/tuning.py, ``finetune_setting``). Without
+    chunked prefill the budget is raised to hold the longest prompt next to a full batch of decodes,
+    max ISL + batch (tensorrt_llm/bench/benchmark/utils/general.py, ``get_settings``). Rules restated,
+    not copied.
     """
-    raw_bs = min(kv_capacity_tokens / max(1.0, prompt_len + output_len), 4096.0)
+    raw_bs = min(kv_capacity_tokens / max(1.0, prompt_len + output_len), 4096.0) / max(1, pp)
     if raw_bs < 256:
         bs = max(64, 32 * math.ceil(raw_bs / 32))
     elif raw_bs < 1024:
@@ -272,6 +278,44 @@ def auto_limits(kv_capacity_tokens: float, prompt_len: float, output_len: float,
     if not chunked_prefill:
         tok = max(tok, math.ceil(max_prompt_len or prompt_len) + bs)
     return int(bs), int(tok)
+
+
+#: bytes per element trtllm-bench's estimate gives a checkpoint's weights and KV cache by their quant algo
+#: (tensorrt_llm/bench/build/tuning.py ``BYTES_PER_ELEM``: FP8 and FP8_BLOCK_SCALES 1, NVFP4 0.5, anything else 2)
+_BENCH_BYTES = {"fp8": 1.0, "fp4": 0.5}
+#: tensor elements a checkpoint stores per weight: NVFP4 packs two 4-bit values per uint8 element and adds one FP8
+#: scale per 16 (ModelOpt's export; NVIDIA developer blog 'Introducing NVFP4', block 16); FP8 one per weight
+_CHECKPOINT_ELEMENTS = {"fp4": 0.5 + 1 / 16}
+
+
+def trtllm_bench_kv_tokens(model: Any, *, precision: str, kv_dtype: str, tp: int, pp: int, device_bytes: float,
+                           memory_fraction: float, attention_precision: str | None = None) -> float:
+    """KV-cache tokens trtllm-bench's heuristic believes ``tp x pp`` GPUs hold (``calc_engine_setting``).
+
+    It estimates from the checkpoint, not the runtime: total memory ``tp * pp * device`` less the engine size
+    (the checkpoint's safetensors element count times the quant algo's bytes), times the KV memory fraction, over
+    ``2 * layers * max(tp, kv_heads) * head_size`` bytes per token -- every GPU of the TP group holding at least one
+    KV head, as if attention were tensor-parallel, which is what it assumes even when attention DP later runs
+    (tensorrt_llm/bench/build/tuning.py, NVIDIA/TensorRT-LLM@04cba88208; ``param_count`` is the sum of the
+    safetensors header's tensor sizes, bench/build/dataclasses.py @89fd9b74ab; the GPU's memory is
+    ``get_device_memory()``, the device's total). Its batch limit then holds per attention-DP rank
+    (:attr:`EngineProfile.limits_per_rank`). MLA models (DeepSeek-V3's config.json: num_key_value_heads 128, no
+    head_dim, so ``head_size`` = hidden / heads): the heads formula is applied as it reads that config, though their
+    real KV per token is the latent."""
+    total, _ = model.param_counts(include_mtp=True)
+    emb = model.embedding_params()
+    a_prec = attention_precision or precision
+    per = _CHECKPOINT_ELEMENTS.get(precision, 1.0)
+    attn = model.layers * model.attention_params()
+    elements = emb + (total - emb - attn) * per + attn * _CHECKPOINT_ELEMENTS.get(a_prec, 1.0)
+    engine = elements * _BENCH_BYTES.get(precision, 2.0)
+    heads = max(tp, model.kv_heads)
+    head = model.head_dim
+    if model.attention == "mla" and model.mla is not None:
+        heads, head = max(tp, model.heads), model.hidden // model.heads
+    per_token = 2.0 * model.layers * heads * head * _BENCH_BYTES.get(kv_dtype, 2.0)
+    cache = (tp * pp * device_bytes - engine) * memory_fraction
+    return max(0.0, cache / per_token)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -632,11 +676,18 @@ class ServingCostModel:
 
         A few hidden-size buffers plus the MLP intermediate per token (bf16), and fp32 logits for
         every sequence -- the buffers TensorRT-LLM and vLLM size from max tokens / max sequences.
+        With data-parallel attention each GPU holds its own rank's tokens and sequences (the engine's
+        limits over its ``dp_groups``); an all-gather MoE exchange adds, per GPU, the gathered tokens of every
+        rank (quantized) and the op's 16-bit output for each before the reduce-scatter.
         """
         split = self.tp
         ffn = model.ffn_hidden if model.moe is None else max(model.ffn_hidden, model.moe.expert_ffn_hidden)
         per_token = (4 * model.hidden + 3 * ffn / split) * ACT_BYTES
-        return max_batch_tokens * per_token + max_seqs * model.vocab / split * LOGIT_BYTES
+        g = self.dp_groups
+        act = max_batch_tokens / g * per_token + max_seqs / g * model.vocab / split * LOGIT_BYTES
+        if g > 1 and self.moe_comm == "allgather":
+            act += max_batch_tokens * model.hidden * (self.moe_gather_bytes + ACT_BYTES)
+        return act
 
     def kv_capacity_tokens(self, *, hbm_bytes: float, memory_fraction: float, fraction_of: str,
                            activation_bytes: float) -> int:

@@ -33,6 +33,7 @@ from ..model.serving_cost import (
     engine_profile,
     kv_dtype_for,
     transfer_time,
+    trtllm_bench_kv_tokens,
 )
 from ..results import Result
 from .inference_spec import MAX_REQUESTS, REDRAW_ROUNDS, InferenceSpec, parse_inference_spec
@@ -148,7 +149,15 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=prov) // pp
     if max_seqs is None or max_tokens is None:
-        bs, tok = auto_limits(cap // ranks, isl, osl, chunked_prefill=chunked, max_prompt_len=max_isl)
+        if profile.auto_limits_from == "trtllm-bench":
+            # its estimate over the `--tp` GPUs it is given (an attention-DP engine's GPUs of one stage), applied
+            # per rank by the engine (limits_per_rank)
+            est = trtllm_bench_kv_tokens(model, precision=precision, kv_dtype=kv_dtype, tp=cost.engine_gpus // pp,
+                                         pp=pp, device_bytes=hbm, memory_fraction=frac,
+                                         attention_precision=attention_precision)
+            bs, tok = auto_limits(est, isl, osl, chunked_prefill=chunked, max_prompt_len=max_isl, pp=pp)
+        else:
+            bs, tok = auto_limits(cap // ranks, isl, osl, chunked_prefill=chunked, max_prompt_len=max_isl)
         max_seqs = max_seqs or bs
         max_tokens = max_tokens or tok
     max_seqs, max_tokens = max_seqs * ranks, max_tokens * ranks
