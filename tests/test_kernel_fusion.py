@@ -156,7 +156,8 @@ def test_the_torchtitan_stacks_run_eager_and_predict_slower_than_fused():
 
 def test_the_band_varies_the_fusion_only_where_nothing_states_it():
     plain = scenario_from_mapping(_scenario(), catalog=CAT)
-    assert set(candidates(plain, CAT)["workload.kernel_fusion"]) >= {"eager", "eager-composite-norm"}
+    assert set(candidates(plain, CAT)["workload.kernel_fusion"]) == {"compiled", "eager", "eager-composite-norm"}
+    assert set(candidates(plain, CAT)["workload.cuda_graphs"]) == {"layer", "step"}
     megatron = scenario_from_mapping({**_scenario(), "stack": "megatron-core-0.8"}, catalog=CAT)
     assert "workload.kernel_fusion" not in candidates(megatron, CAT)
     assert "workload.cuda_graphs" not in candidates(megatron, CAT)
