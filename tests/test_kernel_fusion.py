@@ -75,7 +75,7 @@ def test_the_default_is_the_fused_stack_and_no_graphs():
 
 @settings(max_examples=12, deadline=None)
 @given(model=st.sampled_from(["llama3-8b", "gpt-1.7b"]),
-       seq=st.sampled_from([512, 2048, 8192]), tp=st.sampled_from([1, 2, 8]),
+       seq=st.sampled_from([256, 512, 2048, 8192]), tp=st.sampled_from([1, 2, 8]),
        graphs=st.sampled_from(CUDA_GRAPHS), recompute=st.sampled_from(["none", "selective", "full"]))
 def test_eager_is_never_faster_than_fused_at_the_same_plan(model, seq, tp, graphs, recompute):
     data = _scenario(model, seq=seq, tp=tp, recompute=recompute)
@@ -83,8 +83,15 @@ def test_eager_is_never_faster_than_fused_at_the_same_plan(model, seq, tp, graph
     eager = _step(data, cuda_graphs=graphs, kernel_fusion="eager")
     composite = _step(data, cuda_graphs=graphs, kernel_fusion="eager-composite-norm")
     compiled = _step(data, cuda_graphs=graphs, kernel_fusion="compiled")
-    assert fused <= compiled <= eager <= composite
+    # compiled runs fewer, fused kernels than eager but launches its backward from Python (9.1 us a kernel against
+    # autograd's 4.0): where the host bounds a pass it can trail eager, so only fused <= compiled is asserted
+    assert fused <= eager <= composite and fused <= compiled
     assert fused < eager
+    # a graph only takes host work away: never slower than launching every kernel
+    for level in KERNEL_FUSIONS:
+        assert _step(data, kernel_fusion=level, cuda_graphs="step") <= _step(data, kernel_fusion=level,
+                                                                              cuda_graphs="layer") \
+            <= _step(data, kernel_fusion=level)
 
 
 @pytest.mark.parametrize("level", KERNEL_FUSIONS)
