@@ -54,7 +54,8 @@ the activation memory is not modelled.
 Host cost per kernel (published microbenchmarks, never a training-speed row):
 
 * eager forward: 6.8 us per op of PyTorch's Python + dispatcher + autograd recording (pytorch/pytorch issue
-  #41383, 2020-07-14: ``y = 2*x`` with ``requires_grad``, 6.8 s per million ops) plus the driver launch,
+  #41383, 2020-07-14: ``y = 2*x`` with ``requires_grad``, 6.8 s per million ops, on CPU tensors, so no launch
+  is in it; PyTorch of 2020, whose dispatcher has since been sped up, so this errs slow) plus the driver launch,
   3.0 us (meta-pytorch/tritonbench PR #1017, 2026-04-14, GB200: ``nop_triton_direct_culaunch``, bare
   ``cuLaunchKernel``, 0 args): 9.8 us. Transformer Engine and Megatron-Core launch from eager PyTorch too, so
   ``fused`` pays it.
