@@ -125,6 +125,21 @@ def test_more_recompute_never_shortens_a_step(level, plan):
     assert steps[0] < steps[-1]
 
 
+MOE_LADDER = [("none", None), ("selective", ["core_attn"]), ("selective", ["core_attn", "moe_act"]),
+              ("selective", ["core_attn", "moe_act", "layernorm"]), ("full", None)]
+
+
+@pytest.mark.parametrize("level", ["fused", "eager-composite-norm"])
+def test_more_recompute_never_shortens_an_moe_step(level):
+    def step(recompute, modules):
+        data = _scenario("mixtral-8x7b", recompute=recompute, modules=modules)
+        data["parallelism"]["ep"] = 8
+        return _step(data, kernel_fusion=level)
+    steps = [step(r, m) for r, m in MOE_LADDER]
+    assert steps == sorted(steps) and steps[0] < steps[-1], steps
+    assert step("selective", ["core_attn"]) <= step("selective", ["core_attn", "moe"]) <= step("full", None)
+
+
 def test_recomputing_the_norm_costs_more_when_it_is_written_as_torch_ops():
     def extra(level):
         sel = _step(_scenario(recompute="selective", modules=["core_attn"]), kernel_fusion=level)
