@@ -29,7 +29,14 @@ __all__ = ["BAND_COLUMNS", "METRIC_ALIASES", "Band", "band", "band_columns", "co
 #: settings no stack profile states but real runs differ in, with the values they take: in-network
 #: reduction (NVIDIA SHARP) is a fabric fact that MLPerf's and NeMo's SHARP runs switch on
 #: (docs/design-notes.md)
-EXTRA_VALUES: Mapping[str, tuple[Any, ...]] = {"cluster.network.in_network_reduction": (False, True)}
+EXTRA_VALUES: Mapping[str, tuple[Any, ...]] = {
+    "cluster.network.in_network_reduction": (False, True),
+    # values real runs use that no profile states as its default: torch.compile (torchtitan's llama3_405b.toml
+    # @29624e37 sets compile enable=true) and CUDA graphs (Megatron-Bridge's performance configs @7af9601c:
+    # llama3 cuda_graph_scope "full_iteration", DeepSeek/GPT-OSS per-module "attn"/"moe_router" scopes)
+    "workload.kernel_fusion": ("compiled", "eager", "eager-composite-norm"),
+    "workload.cuda_graphs": ("layer", "step"),
+}
 #: the metric a band is chosen by (its extremes pick the combined runs) and reported on, per stack kind
 HEADLINE = {"training": "step_time_s", "serving": "output_tokens_per_s"}
 #: the result columns a band fills (appended to the CSV contract, fmsim.results): metric -> (low, high)

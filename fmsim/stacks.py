@@ -32,6 +32,8 @@ SETTABLE: Mapping[str, str] = {
     "workload.attention_kernel": "training",
     "workload.cross_entropy": "training",
     "workload.fp8_attention": "training",
+    "workload.kernel_fusion": "training",
+    "workload.cuda_graphs": "training",
     "parallelism.grad_reduce_precision": "training",
     "parallelism.param_gather_precision": "training",
     "parallelism.grad_bucket": "training",

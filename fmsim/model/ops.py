@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
+from .fusion import add_extra, add_norm_part, attach_host
 from .kernels import (
     BYTES_PER_ELEMENT,
     KERNEL_FIXED_S,
@@ -80,6 +81,8 @@ class Shard:
     lora_exchange: str = "all-gather"  # a row-parallel adapter's output back to the SP layout: all-gather | all-to-all
     tp_qkv: bool = True              # the QKV all-gather may hide behind its GEMM (overlap.tp_qkv)
     cross_entropy: str = "fused"     # the loss over the vocabulary: fused | unfused | torch (CROSS_ENTROPY_BYTES)
+    kernel_fusion: str = "fused"     # the non-GEMM kernels: fused | compiled | eager | eager-composite-norm (fusion.py)
+    cuda_graphs: str = "none"        # none | layer | step: kernels replayed from CUDA graphs (fusion.attach_host)
 
     @property
     def tokens(self) -> float:
@@ -130,10 +133,15 @@ class PassCost:
     adapter_bwd_s: float = 0.0       # their backward, priced beside the forward kernel by kernel (_adapter)
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
+    #: seconds the host takes to issue the pass's kernels, and (set beside a forward) its backward's (fusion.py)
+    host_s: float = 0.0
+    host_bwd_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.kernels * KERNEL_FIXED_S
+        """The device's seconds, or the host's where issuing the kernels takes longer (fusion.attach_host)."""
+        device = self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.kernels * KERNEL_FIXED_S
+        return device if device >= self.host_s else self.host_s
 
     def add(self, other: PassCost, times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
@@ -144,6 +152,8 @@ class PassCost:
         self.kernels += other.kernels * times
         self.adapter_s += other.adapter_s * times
         self.adapter_bwd_s += other.adapter_bwd_s * times
+        self.host_s += other.host_s * times
+        self.host_bwd_s += other.host_bwd_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
         for name, part in other.parts.items():
@@ -486,6 +496,8 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     c.memory_s += rf.memory(T * (2 * h + 3 * h) / seq_shard + T * 2 * dqk / t)
     c.kernels += 6 if sh.attention_kernel == "unfused" else 4    # norm, rope, attention (or QK, softmax, AV), residual
     c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
+    add_extra(c, "attention", model, sh, rf)
+    add_norm_part(c.parts["layernorm"], model, sh, rf)
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, qkv_s, proj_s, gather_hidden=sh.tp_qkv)
     if sh.cp > 1 and sh.cp_comm == "a2a":
@@ -538,10 +550,12 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     seq_shard = t if sh.sequence_parallel else 1
     c.memory_s += rf.memory(T * 5 * h / seq_shard + T * (up + ffn) / t)
     c.kernels += 3                                              # norm, activation, residual
+    add_extra(c, "mlp", model, sh, rf, ffn=ffn)
     if t > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes, fc1_s, fc2_s)
     _whole_block_part(c, "mlp")
     c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
+    add_norm_part(c.parts["layernorm"], model, sh, rf)
     return c
 
 
@@ -640,6 +654,8 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     c.kernels += 7 + (1 if m.shared_experts else 0)             # norm, top-k, permute, act, unpermute, residual ...
     c.parts["moe_act"] = PassCost(memory_s=rf.memory(rows * 3 * m.expert_ffn_hidden / etp), kernels=1)
     c.parts["layernorm"] = PassCost(memory_s=rf.memory(T * 2 * h / seq_shard), kernels=1)
+    add_extra(c, "norm", model, sh, rf)
+    add_norm_part(c.parts["layernorm"], model, sh, rf)
     if etp > 1:
         _tp_region_comms(c, sh, T * h * rf.act_bytes)
     if sh.ep > 1:
@@ -677,6 +693,7 @@ def embedding_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             c.comms.append(CommRequest("tp", "reduce-scatter", size))
         else:
             c.comms.append(CommRequest("tp", "all-reduce", size, backward=(("all-reduce", 0.0),)))
+    attach_host([c], sh, layer=False)
     return c
 
 
@@ -690,10 +707,12 @@ def logits_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     out_s = c.gemm_s
     # the final norm; the loss over the logits is priced by cross_entropy_s, forward and backward
     c.memory_s += rf.memory(T * 2 * h / (t if sh.sequence_parallel else 1))
+    add_extra(c, "norm", model, sh, rf)
     if t > 1 and sh.sequence_parallel:
         # a column-parallel layer, with the same backward as the layers' (_tp_region_comms)
         c.comms.append(CommRequest("tp", "all-gather", T * h * rf.act_bytes,
                                    backward=_column_parallel_sp_backward(out_s)))
+    attach_host([c], sh, layer=False)
     return c
 
 
@@ -768,6 +787,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
                     adapter_s=fwd.adapter_bwd_s,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,
+                    host_s=fwd.host_bwd_s,
                     comms=comms)
 
 
@@ -779,4 +799,5 @@ def layer_forward(model: ModelSpec, layer: int, sh: Shard, rf: Roofline) -> tupl
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         mlp = dense_mlp_forward(model, ffn, sh, rf)
+    attach_host([attn, mlp], sh)
     return attn, mlp

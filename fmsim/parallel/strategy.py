@@ -574,7 +574,8 @@ def build_plan(sc) -> Plan:
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   moe_load=w.moe_load, moe_grouped_gemm=par.moe_grouped_gemm,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
-                  lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy)
+                  lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy,
+                  kernel_fusion=w.kernel_fusion, cuda_graphs=w.cuda_graphs)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs

@@ -12,6 +12,7 @@ from typing import Any
 from ..catalog import Catalog
 from ..errors import ConfigError
 from ..model.architecture import ModelSpec, model_from_mapping
+from ..model.fusion import CUDA_GRAPHS, KERNEL_FUSIONS
 from ..units import parse_count
 from .reader import _MISSING, _Section, _relocate, _what, float_number
 from .schema import KINDS, LOW_PRECISIONS, PRECISIONS, SCHEMA_VERSION, TRAINING_KINDS
@@ -29,6 +30,8 @@ WORKLOAD_KEYS = (
     "attention_kernel",
     "fp8_attention",
     "cross_entropy",
+    "kernel_fusion",
+    "cuda_graphs",
     "lora",
     "moe_routing",
     "moe_imbalance",
@@ -72,6 +75,8 @@ class Workload:
     attention_kernel: str = "flash"
     fp8_attention: bool = False      # the fused attention in fp8, forward and backward (TE fp8_dot_product_attention)
     cross_entropy: str = "fused"     # CROSS_ENTROPIES
+    kernel_fusion: str = "fused"     # model.fusion.KERNEL_FUSIONS: how fused the non-GEMM kernels are
+    cuda_graphs: str = "none"        # model.fusion.CUDA_GRAPHS: none | layer | step
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
@@ -202,6 +207,12 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     cross_entropy = wl.choice("cross_entropy", CROSS_ENTROPIES, "fused")
     if wl.has("cross_entropy") and kind not in TRAINING_KINDS:
         raise wl.err("cross_entropy", f"applies to training kinds only, not {kind!r}")
+    kernel_fusion = wl.choice("kernel_fusion", KERNEL_FUSIONS, "fused")
+    cuda_graphs = wl.choice("cuda_graphs", CUDA_GRAPHS, "none")
+    for key in ("kernel_fusion", "cuda_graphs"):
+        if wl.has(key) and kind not in TRAINING_KINDS:
+            raise wl.err(key, f"applies to training kinds only, not {kind!r} (the serving engines' kernels and "
+                         "graphs are their engine profile's)")
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
@@ -230,6 +241,8 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         attention_kernel=attention_kernel,
         fp8_attention=fp8_attention,
         cross_entropy=cross_entropy,
+        kernel_fusion=kernel_fusion,
+        cuda_graphs=cuda_graphs,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         lora_dropout=lora_dropout,

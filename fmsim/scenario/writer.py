@@ -45,6 +45,10 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["fp8_attention"] = True
     if wl.cross_entropy != "fused":
         workload["cross_entropy"] = wl.cross_entropy
+    if wl.kernel_fusion != "fused":
+        workload["kernel_fusion"] = wl.kernel_fusion
+    if wl.cuda_graphs != "none":
+        workload["cuda_graphs"] = wl.cuda_graphs
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:
