@@ -32,6 +32,7 @@ SETTABLE: Mapping[str, str] = {
     "workload.attention_kernel": "training",
     "workload.cross_entropy": "training",
     "workload.fp8_attention": "training",
+    "workload.fp8_recipe": "training",
     "parallelism.grad_reduce_precision": "training",
     "parallelism.param_gather_precision": "training",
     "parallelism.grad_bucket": "training",

@@ -45,6 +45,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["fp8_attention"] = True
     if wl.cross_entropy != "fused":
         workload["cross_entropy"] = wl.cross_entropy
+    if wl.fp8_recipe != "delayed":
+        workload["fp8_recipe"] = wl.fp8_recipe
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:
