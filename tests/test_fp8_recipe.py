@@ -178,3 +178,18 @@ def test_delayed_scaling_reduces_amaxes_once_a_pass_over_the_data_parallel_group
     assert delayed.bwd_comm.get("dp", 0.0) > current.bwd_comm.get("dp", 0.0) >= 0.0
     # a kilobyte of amaxes: the collective's latency over 64 ranks, well under a millisecond a pass
     assert delayed.fwd_comm["dp"] - current.fwd_comm.get("dp", 0.0) < 1e-3
+
+
+def test_hopper_fp8_gemm_figures_are_mamf_finder_s_measured_fp8_matmuls():
+    """efficiency.gemm fp8 of the H100 and H200 is the measured best fp8 matmul over the dense peak
+    (hardware_catalog/measurements/mamf_finder_fp8.csv), rounded as the bf16 figures are."""
+    import csv
+
+    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "mamf_finder_fp8.csv"
+    rows = {r["accelerator"]: r for r in csv.DictReader(line for line in path.open() if not line.startswith("#"))}
+    cat = load_catalog()
+    for name, chip in (("H100 SXM", "h100-sxm"), ("H200 SXM", "h200")):
+        acc = cat.accelerator(chip)
+        measured = float(rows[name]["mamf_tflops"]) / float(rows[name]["theory_tflops"])
+        assert acc.peak("fp8") == pytest.approx(float(rows[name]["theory_tflops"]) * 1e12)
+        assert acc.gemm_efficiency["fp8"] == round(measured, 2), chip

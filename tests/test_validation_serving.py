@@ -10,7 +10,9 @@ median, worst 31.4 % (inf-102 ttft_p50_s), over 9 values). 2026-12-02: throughpu
 worst 82.5 % (inf-094), after CUDA graphs are captured as TensorRT-LLM does with padding; latency 10.9 %.
 Then the six nvidia/Llama-3.1-405B-Instruct-FP8 rows run the 16-bit KV cache their checkpoint declares
 (hf_quant_config.json kv_cache_quant_algo null; trtllm-bench keeps the checkpoint's KV dtype): throughput
-median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged.
+median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged. Then the H100/H200 fp8 GEMM figures measured
+(mamf-finder's FP8 table, 0.71 / 0.73 from an assumed 0.70): throughput median 7.2 -> 7.0 %, worst 82.5 -> 83.1 %
+(inf-094), latency unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -79,7 +81,7 @@ def _worst(latency: bool) -> float:
 
 
 def test_serving_errors_stay_at_today_s_level():
-    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.2 % measured)"
-    assert _worst(latency=False) <= 85.0, f"throughput worst {_worst(latency=False):.1f} % (82.5 % measured)"
+    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
+    assert _worst(latency=False) <= 85.0, f"throughput worst {_worst(latency=False):.1f} % (83.1 % measured)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"
