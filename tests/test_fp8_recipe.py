@@ -93,11 +93,12 @@ def test_every_stack_recipe_traces_to_a_source_file_and_commit():
             if s.path == "workload.fp8_recipe":
                 found[name] = s.value
                 assert s.value in FP8_RECIPES and s.recipes == ("fp8",), name
-                assert re.search(r"\.(py|cu|cpp|html)\b", s.source), (name, s.source)
+                assert re.search(r"\.(py|cu|cpp|html|yaml)\b", s.source), (name, s.source)
                 assert re.search(r"@[0-9a-f]{7,}|\bv\d+\.\d+|core_r\d", s.source), (name, s.source)
     assert found == {"megatron-core-0.8": "delayed", "nemo-24.07": "delayed", "nemo-25.02": "delayed",
                      "nemo-25.04": "delayed", "megatron-bridge-25.09": "delayed", "mlperf-v4.0-gpt3": "delayed",
-                     "mlperf-v4.0-llama2-lora": "delayed", "torchtitan-0.1": "current", "torchtitan-0.2": "current"}
+                     "mlperf-v4.0-llama2-lora": "delayed", "mlperf-v5.1-llama2-lora": "delayed",
+                     "torchtitan-0.1": "current", "torchtitan-0.2": "current"}
 
 
 @pytest.mark.parametrize("stack, recipe", [("nemo-24.07", "delayed"), ("torchtitan-0.1", "current")])
