@@ -34,6 +34,7 @@ SETTABLE: Mapping[str, str] = {
     "workload.fp8_attention": "training",
     "workload.kernel_fusion": "training",
     "workload.cuda_graphs": "training",
+    "workload.fp8_recipe": "training",
     "parallelism.grad_reduce_precision": "training",
     "parallelism.param_gather_precision": "training",
     "parallelism.grad_bucket": "training",

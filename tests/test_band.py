@@ -78,7 +78,8 @@ def _current(sc, path):
                 "parallelism.gradient_accumulation_fusion": True, "parallelism.grad_bucket": "40M",
                 "cluster.network.in_network_reduction": False, "parallelism.param_fetch": "unit",
                 "parallelism.grad_reduce_op": sc.parallelism.grad_reduce_op,
-                "cluster.network.nvls": True, "workload.kernel_fusion": "fused", "workload.cuda_graphs": "none"}[path]
+                "cluster.network.nvls": True, "workload.kernel_fusion": "fused", "workload.cuda_graphs": "none",
+                "workload.fp8_recipe": "delayed"}[path]
     return v
 
 

@@ -118,7 +118,9 @@ def test_validation_files_resolve_the_settings_they_had_before_naming_stacks():
     assumed value: the MLPerf v4.0 configs' NCCL_NVLS_ENABLE=0 (cluster.network.nvls), GPT-3's BUCKET_CAP_MB=200
     and FP8_PARAMS=True, the H200 LoRA config's FP8_ACTIVATION=True, NEMO2407-02's ub_tp_comm_overlap: True,
     the v5.1 LoRA implementations' DDP overlaps off and the B200 config's NCCL_NVLS_ENABLE=0; and (2026-12-02,
-    issue 27 item 2) AWS-TT-02's ``kernel_fusion: compiled``, the run's torch.compile against its stack's eager."""
+    issue 27 item 2) AWS-TT-02's ``kernel_fusion: compiled``, the run's torch.compile against its stack's eager; and (2026-12-02, the
+    fp8 recipe) torchtitan's current scaling and the Megatron-Bridge rows' own recipes (FP8-CS, FP8-MX, and
+    mb2509-h100-01's blockwise from its notes)."""
     golden = json.loads(GOLDEN.read_text())
     files = sorted(TRAINING.glob("*.yaml"))
     assert sorted(f.name for f in files) == sorted(golden)

@@ -13,6 +13,8 @@ Then the six nvidia/Llama-3.1-405B-Instruct-FP8 rows run the 16-bit KV cache the
 median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged. Then trtllm-bench's own batch and token
 limits (tensorrt_llm/bench/build/tuning.py calc_engine_setting: its checkpoint-based KV estimate) replace the ones
 sized to fmsim's KV capacity: throughput median 7.2 -> 7.0 %, worst 78.2 % (inf-094), latency unchanged.
+Then the H100/H200 fp8 GEMM figures measured (mamf-finder's FP8 table, 0.71 / 0.73 from an assumed
+0.70) and Transformer Engine's own casts per fp8 recipe: MERGED FIGURES TBD.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """

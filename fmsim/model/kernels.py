@@ -24,7 +24,7 @@ KERNEL_FIXED_S = 4.2e-6
 # elements of K, so a GEMM reaches e_max * K / (K + K0) of peak. Fitted (least squares on 1/e vs
 # 1/K) to the six M=4096 rows of DeepGEMM's FP8 GEMM table on H800 (deepseek-ai/DeepGEMM README
 # @7a70b43, 2025-02: K=512..16384 at 590..1358 TFLOP/s of 1979): K0 = 640, e_max = 0.68 -- the same
-# asymptote as the catalog's large-GEMM FP8 efficiency (0.70 on H100), so the catalog figure is
+# asymptote as the catalog's large-GEMM FP8 efficiency (0.71 on H100, mamf-finder), so the catalog figure is
 # used as e_max and K / (K + K0) scales it. Tensor parallelism shortens K of the row-parallel
 # GEMMs (attention output, MLP down) to K / tp, which is where this bites.
 GEMM_K0 = 640.0

@@ -83,6 +83,7 @@ class Shard:
     cross_entropy: str = "fused"     # the loss over the vocabulary: fused | unfused | torch (CROSS_ENTROPY_BYTES)
     kernel_fusion: str = "fused"     # the non-GEMM kernels: fused | compiled | eager | eager-composite-norm (fusion.py)
     cuda_graphs: str = "none"        # none | layer | step: kernels replayed from CUDA graphs (fusion.attach_host)
+    fp8_recipe: str = "delayed"      # fp8 runs: how operands are scaled (FP8_RECIPES; fp8_cast_bytes)
 
     @property
     def tokens(self) -> float:
@@ -131,6 +132,9 @@ class PassCost:
     kernels: float = 0.0             # GPU kernels launched; each costs KERNEL_FIXED_S beyond its roofline
     adapter_s: float = 0.0           # LoRA adapter GEMMs and elementwise passes (trainable, the base frozen)
     adapter_bwd_s: float = 0.0       # their backward, priced beside the forward kernel by kernel (_adapter)
+    #: low-precision casts of the GEMM operands (fp8_cast_bytes): this pass's, and its backward's priced beside it
+    cast_s: float = 0.0
+    cast_bwd_s: float = 0.0
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
     #: seconds the host takes to issue the pass's kernels, and (set beside a forward) its backward's (fusion.py)
@@ -140,7 +144,8 @@ class PassCost:
     @property
     def compute_s(self) -> float:
         """The device's seconds, or the host's where issuing the kernels takes longer (fusion.attach_host)."""
-        device = self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.kernels * KERNEL_FIXED_S
+        device = (self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.cast_s
+                  + self.kernels * KERNEL_FIXED_S)
         return device if device >= self.host_s else self.host_s
 
     def add(self, other: PassCost, times: float = 1.0) -> None:
@@ -154,6 +159,8 @@ class PassCost:
         self.adapter_bwd_s += other.adapter_bwd_s * times
         self.host_s += other.host_s * times
         self.host_bwd_s += other.host_bwd_s * times
+        self.cast_s += other.cast_s * times
+        self.cast_bwd_s += other.cast_bwd_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
         for name, part in other.parts.items():
@@ -164,7 +171,7 @@ class PassCost:
         return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, attention_bwd_s=self.attention_bwd_s,
                         memory_s=self.memory_s,
                         flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s,
-                        adapter_bwd_s=self.adapter_bwd_s)
+                        adapter_bwd_s=self.adapter_bwd_s, cast_s=self.cast_s, cast_bwd_s=self.cast_bwd_s)
 
     def record(self, name: str, since: PassCost) -> None:
         """File the compute added since ``since`` (a :meth:`snapshot`) under module ``name``."""
@@ -177,6 +184,8 @@ class PassCost:
         part.kernels += self.kernels - since.kernels
         part.adapter_s += self.adapter_s - since.adapter_s
         part.adapter_bwd_s += self.adapter_bwd_s - since.adapter_bwd_s
+        part.cast_s += self.cast_s - since.cast_s
+        part.cast_bwd_s += self.cast_bwd_s - since.cast_bwd_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +201,12 @@ class Roofline:
     compute_units: int = 0           # SMs the output tiles are spread over (0: no wave model)
     gemm_k0: float = 0.0             # reduction depth at which a GEMM reaches half its large-GEMM rate
     gemm_k0_bf16: float = 0.0        # the same at the 16-bit math rate
+    fp8_recipe: str = "delayed"      # how low-precision operands are scaled and cast (fp8_cast_bytes)
+    wgrad: bool = True               # the GEMMs' weights train (their operands are transposed for it)
 
     @classmethod
     def of(cls, acc: Accelerator, precision: str, attention_kernel: str = "flash",
-           fp8_attention: bool = False) -> Roofline:
+           fp8_attention: bool = False, fp8_recipe: str = "delayed", wgrad: bool = True) -> Roofline:
         act_precision = "bf16" if precision in ("fp8", "fp4", "bf16") else precision
         if act_precision not in acc.peak_flop_per_s and "bf16" in acc.peak_flop_per_s:
             act_precision = "bf16"
@@ -225,6 +236,9 @@ class Roofline:
             # table, scaled by the math rate (kernels.gemm_k0)
             gemm_k0=gemm_k0(acc.peak(precision)),
             gemm_k0_bf16=gemm_k0(acc.peak(act_precision)),
+            # fp4 runs take NVFP4's quantizers whatever fp8 recipe is named (fp8_cast_bytes)
+            fp8_recipe="nvfp4" if precision == "fp4" else fp8_recipe,
+            wgrad=wgrad,
         )
 
     def at_16bit(self) -> Roofline:
@@ -260,18 +274,99 @@ class Roofline:
         return elements * self.act_bytes / self.hbm_bytes_per_s
 
 
-def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float) -> None:
+#: fp8 scaling recipes (``workload.fp8_recipe``), as Transformer Engine names them: ``DelayedScaling`` (one scale
+#: per tensor from the amax history of earlier steps), ``Float8CurrentScaling`` (per tensor, from the tensor's own
+#: amax), ``Float8BlockScaling`` (DeepSeek-V3's 1x128 / 128x128 blocks, a scale each), ``MXFP8BlockScaling`` (a
+#: power-of-two scale per 32 elements, Blackwell's tensor cores).
+FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
+#: scale bytes per element, both copies (rowwise and columnwise) together: blockwise an fp32 scale per 128
+#: elements each way (Float8BlockQuantizer), MXFP8 an E8M0 byte per 32 each way (MXFP8Quantizer); NVFP4's are in
+#: its 0.5625 B per element (kernels.BYTES_PER_ELEMENT)
+FP8_SCALE_BYTES = {"delayed": 0.0, "current": 0.0, "blockwise": 2 * 4 / 128, "mxfp8": 2 * 1 / 32, "nvfp4": 0.0}
+
+
+def fp8_cast_bytes(recipe: str, operand: str, fused: bool | str, *, wgrad: bool = True, act_bytes: float = 2.0,
+                   low: float = 1.0) -> tuple[float, float, int]:
+    """(forward, backward) HBM bytes per element, and forward kernels, of quantizing one fp8 GEMM operand, beyond
+    what fmsim prices for the 16-bit tensor it is made from (the norm's or activation's own 16-bit output is
+    priced with that kernel), as Transformer Engine's code runs each recipe.
+
+    ``operand`` "input": a GEMM's activation input X (the cost is per element of X, forward); "grad": its output
+    gradient dY (per element of dY, backward). ``fused``: X is written by a LayerNorm/RMSNorm or activation kernel
+    (LayerNormLinear, LayerNormMLP), dY by the activation's backward (gelu only in TE 1.x). ``wgrad`` False
+    (frozen weights): no transposed copy is needed for a weight gradient.
+
+    - delayed (TE v1.8 @3ec998e9, NeMo 24.07's Transformer Engine 1.8): the norm and the activation write fp8
+      themselves (``layernorm_fwd_fp8``, ``fp8_gelu``/``fp8_swiglu``: 1 B in place of 2), and the backward
+      transposes that fp8 copy for the weight gradient (``tex.fp8_transpose``: read 1, write 1;
+      layernorm_linear.py, layernorm_mlp.py); any other input goes through ``fp8_cast_transpose_fused`` (read 2,
+      write 1 + 1; linear.py). dY through ``fp8_cast_transpose(_bgrad)_fused`` (read 2, write 1 + 1; module/base.py
+      grad_output_preprocess), fused into the gelu backward (``fp8_cast_transpose_bgrad_dgelu_fused``); other
+      activations run their backward in 16 bits and cast after (layernorm_mlp.py).
+    - current (TE v2.8 @40c69e75, ``Float8CurrentScalingQuantizer::quantize_impl`` in csrc/quantizer.cpp): a
+      separate tensor is read once more for its amax (``nvte_compute_amax``), then a scale kernel, then the
+      quantize (read 2, write 1 + 1); a norm, activation or activation backward writes its 16-bit output with the
+      amax beside it (normalization.cpp ``FUSED_NORM_AMAX_FP8``, activation.cpp ``FUSED_ACTIVATION_AMAX_FP8``) and
+      ``quantize_with_amax`` reads it back.
+    - blockwise (``Float8BlockQuantizer``): one pass computes each block's amax and quantizes, writing both
+      copies and their scales; norms and activations are not fused with it (normalization.cpp, activation.cpp
+      ``UNFUSED``): read 2, write 1 + 1 + scales, wherever the tensor comes from.
+    - mxfp8 (``MXFP8Quantizer``): as blockwise, except that the activation and its backward write the MXFP8
+      copies themselves (activation.cpp ``FULLY_FUSED``); TE's own norm kernel does not (cuDNN's only with
+      ``NVTE_NORM_FWD_USE_CUDNN``).
+    - nvfp4 (fp4 runs, ``NVFP4Quantizer``; ``low`` = 0.5625 B, its 1x16 block scales included): a per-tensor
+      amax as current scaling takes it -- from the norm or activation that wrote the 16-bit tensor
+      (``FUSED_NORM_AMAX_NVFP4``, ``FUSED_ACTIVATION_AMAX_NVFP4``), else an amax pass -- then the quantize.
+    """
+    both = low * (2.0 if wgrad else 1.0)             # the rowwise copy, and the columnwise one for wgrad
+    scales = FP8_SCALE_BYTES[recipe] * (1.0 if wgrad else 0.5)
+    quantize = act_bytes + both + scales             # read the 16-bit tensor, write the fp8 copies
+    if recipe == "delayed":
+        if fused:
+            if operand == "input":
+                return low - act_bytes, (2.0 * low if wgrad else 0.0), 0
+            return 0.0, both - act_bytes, 0
+        return (quantize, 0.0, 1) if operand == "input" else (0.0, quantize, 1)
+    if recipe in ("current", "nvfp4"):
+        b = quantize if fused else quantize + act_bytes
+        return (b, 0.0, 2 if fused else 3) if operand == "input" else (0.0, b, 2 if fused else 3)
+    if recipe == "mxfp8" and (fused == "act" if operand == "input" else fused):
+        b = both + scales - act_bytes                # the activation writes the MXFP8 copies in place of 16 bits
+        return (b, 0.0, 0) if operand == "input" else (0.0, b, 0)
+    return (quantize, 0.0, 1) if operand == "input" else (0.0, quantize, 1)
+
+
+def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float, *, fed_by: str = "",
+          cast_rows: float | None = None, grad_fused: bool = False, grad_rows: float | None = None) -> None:
+    """An (m×k)·(k×n) GEMM and, in low precision, the casts of its operands (:func:`fp8_cast_bytes`).
+
+    ``fed_by``: "norm" or "act" when the input comes straight from a norm or activation kernel (TE's
+    LayerNormLinear / LayerNormMLP), "" when it is cast on its own. ``cast_rows``: the rows the forward cast
+    runs on (the local sequence shard of an input gathered after it under SP; default ``m``). ``grad_fused``:
+    the output gradient comes from the activation's backward, which may write it in fp8 (LayerNormMLP's fc1).
+    ``grad_rows``: a row-parallel layer's output gradient under SP, gathered from shards of this many rows; TE 1.x
+    (delayed) casts the shard before the gather and transposes the gathered copy (module/base.py
+    grad_output_preprocess: "cast, transpose for efficient gather"; fp8_transpose with userbuffers)."""
     t, f = rf.gemm(m, n, k)
     cost.gemm_s += t
     cost.flops += f
     cost.kernels += 1
     if rf.gemm_in_bytes < rf.act_bytes:
-        # low-precision GEMMs take their activation operand through a fused cast(+transpose) kernel:
-        # read bf16, write the fp8 copy and its transpose for the weight gradient (Transformer Engine
-        # cast_transpose; weights are cast once per step and cached across micro-batches). The
-        # backward's output gradient goes through the same kernel (counted by MEM_BWD_FACTOR).
-        cost.memory_s += m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
-        cost.kernels += 1
+        # low-precision GEMMs take their operands through cast(+transpose) kernels: X in the forward, dY in the
+        # backward; weights are cast once per step and cached across micro-batches (is_first_microbatch)
+        rows = m if cast_rows is None else cast_rows
+        fused = "act" if fed_by == "act" else bool(fed_by)
+        kw = {"wgrad": rf.wgrad, "act_bytes": rf.act_bytes, "low": rf.gemm_in_bytes}
+        fwd, bwd_in, kern = fp8_cast_bytes(rf.fp8_recipe, "input", fused, **kw)
+        _, bwd_out, _ = fp8_cast_bytes(rf.fp8_recipe, "grad", grad_fused, **kw)
+        cost.cast_s += rows * k * fwd / rf.hbm_bytes_per_s
+        if grad_rows is not None and rf.fp8_recipe == "delayed":
+            low = rf.gemm_in_bytes
+            bwd_grad = n * (grad_rows * (rf.act_bytes + low) + (m * 2.0 * low if rf.wgrad else 0.0))
+        else:
+            bwd_grad = m * n * bwd_out
+        cost.cast_bwd_s += (m * k * bwd_in + bwd_grad) / rf.hbm_bytes_per_s
+        cost.kernels += kern
 
 
 def _grouped_gemm(cost: PassCost, rf: Roofline, groups: int, m: float, n: float, k: float,
@@ -285,7 +380,11 @@ def _grouped_gemm(cost: PassCost, rf: Roofline, groups: int, m: float, n: float,
     cost.flops += f
     cost.kernels += launches
     if rf.gemm_in_bytes < rf.act_bytes:
-        cost.memory_s += groups * m * k * (rf.act_bytes + 2 * rf.gemm_in_bytes) / rf.hbm_bytes_per_s
+        kw = {"wgrad": rf.wgrad, "act_bytes": rf.act_bytes, "low": rf.gemm_in_bytes}
+        fwd, bwd_in, _ = fp8_cast_bytes(rf.fp8_recipe, "input", False, **kw)
+        _, bwd_out, _ = fp8_cast_bytes(rf.fp8_recipe, "grad", False, **kw)
+        cost.cast_s += groups * m * k * fwd / rf.hbm_bytes_per_s
+        cost.cast_bwd_s += groups * m * (k * bwd_in + n * bwd_out) / rf.hbm_bytes_per_s
         cost.kernels += launches
 
 
@@ -403,6 +502,12 @@ def _tp_region_comms(c: PassCost, sh: Shard, size_bytes: float, gemm_in_s: float
       with the linear weight's gradient computation"). Frozen weights (LoRA) have no weight gradient:
       nothing to hide behind and no input to gather again.
     """
+    if sh.sequence_parallel and sh.precision == "fp8" and sh.fp8_recipe == "current":
+        # Float8CurrentScaling: the gathered tensor takes one scale over the TP group -- the column-parallel
+        # input's amax all-reduced before its quantize (forward), the row-parallel output gradient's (backward),
+        # 4 bytes each, waited on (TE v2.8 @40c69e75 layernorm_linear.py / layernorm_mlp.py / linear.py
+        # with_amax_reduction = True for sequence_parallel; quantizer.cpp allreduce(...)->wait())
+        c.comms.append(CommRequest("tp", "all-reduce", 4.0))
     if sh.sequence_parallel:
         c.comms.append(CommRequest("tp", "all-gather", size_bytes, overlappable_s=gemm_in_s if gather_hidden else 0.0,
                                    backward=_column_parallel_sp_backward(gemm_in_s), ub_sms=UB_RING_EXCHANGE_SMS))
@@ -423,19 +528,26 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     c = PassCost()
     h, t, T = model.hidden, sh.tp, sh.tokens
     dqk, dv = attention_dims(model)
+    local = T / (t if sh.sequence_parallel else 1)               # the rows the norm (and its fp8 cast) runs on
+    # an adapter beside the projection takes the norm's 16-bit output (return_layernorm_output), which TE then casts
+    # on its own, after the sequence-parallel gather outside userbuffers (TE v1.8 layernorm_linear.py: cast_to_fp8
+    # of ln_out_total when return_layernorm_output)
+    norm = "" if sh.lora_rank else "norm"
+    if sh.lora_rank:
+        local = T
     if model.attention == "mla" and model.mla is not None:
         m = model.mla
         # q: down (replicated over TP in Megatron MLA) then up; kv: joint down-projection, then up
         if m.q_lora_rank:
-            _gemm(c, rf, T, m.q_lora_rank, h)
+            _gemm(c, rf, T, m.q_lora_rank, h, fed_by=norm, cast_rows=local)
             up = c.snapshot()
-            _gemm(c, rf, T, dqk / t, m.q_lora_rank)
+            _gemm(c, rf, T, dqk / t, m.q_lora_rank, fed_by="norm")
             c.record("mla_up_proj", up)
         else:
-            _gemm(c, rf, T, dqk / t, h)
-        _gemm(c, rf, T, m.kv_lora_rank + m.qk_rope_dim, h)
+            _gemm(c, rf, T, dqk / t, h, fed_by=norm, cast_rows=local)
+        _gemm(c, rf, T, m.kv_lora_rank + m.qk_rope_dim, h, fed_by=norm, cast_rows=local)
         up = c.snapshot()
-        _gemm(c, rf, T, model.heads * (m.qk_nope_dim + m.v_head_dim) / t, m.kv_lora_rank)
+        _gemm(c, rf, T, model.heads * (m.qk_nope_dim + m.v_head_dim) / t, m.kv_lora_rank, fed_by="norm")
         c.record("mla_up_proj", up)
         # adapters as ModelSpec.lora_params counts them: query and compressed key/value projections
         _adapter(c, rf, sh, T, dqk / t, h)
@@ -443,7 +555,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     else:
         # a rank projects whole K/V heads: replicated when tp > kv_heads (ModelSpec.kv_heads_per_rank)
         kv_local = 2 * model.kv_heads_per_rank(t) * model.head_dim
-        _gemm(c, rf, T, dqk / t + kv_local, h)
+        _gemm(c, rf, T, dqk / t + kv_local, h, fed_by=norm, cast_rows=local)
         _adapter(c, rf, sh, T, dqk / t + kv_local, h)
     qkv_s = c.gemm_s
     # attention core: QK^T and AV over the causal half of the (local query × all key) square;
@@ -488,7 +600,7 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
     c.flops += attn_flops
     c.record("core_attn", core)
     before = c.gemm_s
-    _gemm(c, rf, T, h, dv / t)
+    _gemm(c, rf, T, h, dv / t, grad_rows=local if sh.sequence_parallel and t > 1 else None)
     proj_s = c.gemm_s - before
     _adapter(c, rf, sh, T, h, dv / t, row=True)
     # elementwise: norm (r+w), rope on q,k (r+w), residual add (2r+w); sharded by SP over TP
@@ -540,9 +652,14 @@ def dense_mlp_forward(model: ModelSpec, ffn: int, sh: Shard, rf: Roofline) -> Pa
     c = PassCost()
     h, t, T = model.hidden, sh.tp, sh.tokens
     up = ffn * (2 if model.gated else 1)
-    _gemm(c, rf, T, up / t, h)
+    # the activation's backward writes fc1's output gradient in fp8 itself: TE 1.x only for gelu
+    # (fp8_cast_transpose_bgrad_dgelu_fused), the 2.x quantizers for every activation (activation.cpp)
+    dact_fused = rf.fp8_recipe != "delayed" or model.activation == "gelu"
+    adapted = bool(sh.lora_rank) and sh.lora_modules == "all"    # an adapter takes the norm's 16-bit output
+    _gemm(c, rf, T, up / t, h, fed_by="" if adapted else "norm", cast_rows=T / (t if sh.sequence_parallel else 1),
+          grad_fused=dact_fused)
     fc1_s = c.gemm_s
-    _gemm(c, rf, T, h, ffn / t)
+    _gemm(c, rf, T, h, ffn / t, fed_by="act", grad_rows=T / t if sh.sequence_parallel and t > 1 else None)
     fc2_s = c.gemm_s - fc1_s
     if sh.lora_modules == "all":
         _adapter(c, rf, sh, T, up / t, h)
@@ -784,6 +901,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
     return PassCost(gemm_s=fwd.gemm_s * gemm_factor,
                     attention_s=fwd.attention_bwd_s,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
+                    cast_s=fwd.cast_bwd_s,
                     adapter_s=fwd.adapter_bwd_s,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,

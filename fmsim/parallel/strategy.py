@@ -21,7 +21,7 @@ from ..hardware.collectives import CollectiveCost, GroupShape, all_to_all_time, 
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
 from ..model.flops import exact_forward_flops_per_token
-from ..model.kernels import BYTES_PER_ELEMENT
+from ..model.kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S
 from ..model.memory import (
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
@@ -33,6 +33,7 @@ from ..model.memory import (
     training_memory,
 )
 from ..model.ops import (
+    fp8_cast_bytes,
     CommRequest,
     PassCost,
     Roofline,
@@ -336,7 +337,8 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
 
     ``recomputed``: with ``recompute`` full, the layers that recompute (the others keep their
     activations: Megatron-LM's block method); None = every layer."""
-    rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention)
+    rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention,
+                     shard.fp8_recipe, wgrad=not frozen_weights)
     offload_s = offload_s or {}
     per_layer: dict[tuple[bool, bool, bool, str], _Piece] = {}
 
@@ -513,6 +515,35 @@ def _place_shared(instance: Instance, nodes: int, dims: tuple[tuple[str, int], .
     return dict(hit[1])
 
 
+#: fp8 tensors whose amax a Transformer Engine module registers per GEMM: three in the forward (input, weight,
+#: output), two in the backward (output and input gradients) -- TE v1.8 @3ec998e9 module/base.py
+#: init_fp8_meta_tensors, ``num_gemms * 3 if fwd else num_gemms * 2``
+FP8_AMAXES_PER_GEMM = (3, 2)
+#: the GEMMs of a dense transformer layer (QKV, attention output, MLP up and down)
+GEMMS_PER_LAYER = 4
+
+
+def _with_amax_reduction(stages: tuple[StageCost, ...], coster: CommCoster, shapes) -> tuple[StageCost, ...]:
+    """fp8 delayed scaling's amax reduction (Transformer Engine v1.8 @3ec998e9, pytorch/fp8.py): at the exit of
+    each forward's fp8_autocast (Megatron-Core wraps each model chunk's TransformerBlock in one, per micro-batch)
+    and at the end of each backward (the first module's, linear.py ``reduce_and_update_bwd_fp8_tensors``), the
+    amaxes of every fp8 tensor the pass met are concatenated, all-reduced with MAX (``async_op=False``: on the
+    critical path) over the fp8 group, and a fused kernel rolls each amax history and recomputes the scales
+    (``fused_amax_and_scale_update_after_reduction``). Megatron-Core's group is tensor x data x context parallel
+    (transformer_block.py ``get_amax_reduction_group(with_context_parallel=True)``, core_r0.8.0); it is costed
+    over the data-parallel group (the tensor-parallel one at dp 1), which is where it leaves the node; two
+    kernels a pass besides it (concatenate, update). Filed with the data-parallel communication."""
+    group = shapes["dp"] if shapes["dp"].size > 1 else shapes["tp"]
+    out = []
+    for st in stages:
+        gemms = GEMMS_PER_LAYER * len(st.layers)
+        fwd, bwd = (coster.cost("all-reduce", n * gemms * 4.0, group) + 2 * KERNEL_FIXED_S
+                    for n in FP8_AMAXES_PER_GEMM)
+        out.append(dataclasses.replace(st, fwd_comm={**st.fwd_comm, "dp": st.fwd_comm.get("dp", 0.0) + fwd},
+                                       bwd_comm={**st.bwd_comm, "dp": st.bwd_comm.get("dp", 0.0) + bwd}))
+    return tuple(out)
+
+
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
                                     pp: int, tp: int, ep: int, etp: int, grad_bytes: float,
                                     hbm: float) -> tuple[StageCost, ...]:
@@ -575,7 +606,8 @@ def build_plan(sc) -> Plan:
                   moe_load=w.moe_load, moe_grouped_gemm=par.moe_grouped_gemm,
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
                   lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy,
-                  kernel_fusion=w.kernel_fusion, cuda_graphs=w.cuda_graphs)
+                  kernel_fusion=w.kernel_fusion, cuda_graphs=w.cuda_graphs,
+                  fp8_recipe=w.fp8_recipe)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
@@ -598,6 +630,8 @@ def build_plan(sc) -> Plan:
                                frozen_weights=w.lora_rank > 0, offload_s=offload_s, recomputed=recomputed)
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
+    if w.precision == "fp8" and w.fp8_recipe == "delayed":
+        stages = _with_amax_reduction(stages, coster, shapes)
     if not par.gradient_accumulation_fusion:
         stages = _with_unfused_grad_accumulation(stages, model, w, layers, pp=pp, tp=tp, ep=ep, etp=etp,
                                                  grad_bytes=BYTES_PER_ELEMENT[par.grad_reduce_precision], hbm=hbm)
@@ -690,6 +724,13 @@ def build_plan(sc) -> Plan:
         # the next step's gradients start from zero: the whole local gradient buffer is cleared (sharded
         # only under ZeRO-3/FSDP)
         step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
+        if w.precision == "fp8":
+            # the layers' weights are quantized once a step, on the first micro-batch, and the fp8 copies (and
+            # their transposes for the data gradient) reused by the others (Megatron-Core schedules.py
+            # forward_step: set_is_first_microbatch; TE caches the fp8 weight when is_first_microbatch is True)
+            dense, expert = stage_params_cached(model, mine, False, False, pp)
+            weights = dense / tp + expert / (etp * ep)
+            step_bytes += weights * fp8_cast_bytes(w.fp8_recipe, "input", False)[0]
         opt.append(step_bytes / hbm)
         mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,

@@ -227,6 +227,11 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         raise wl_sec.err("fp8_attention", f"{cluster.instance.name}: the catalog has no fp8 attention figure for "
                          f"{acc.name} (expected an accelerator with efficiency.attention_fp8 in "
                          "hardware_catalog/accelerators.yaml, or fp8_attention: false)")
+    if workload.fp8_recipe == "mxfp8" and workload.precision == "fp8" and "fp4" not in acc.peak_flop_per_s:
+        # MXFP8 scales blocks of 32 in the tensor cores, which Blackwell's fifth generation adds together with
+        # fp4 math (Transformer Engine check_mxfp8_support: compute capability 10.0 or later)
+        raise wl_sec.err("fp8_recipe", f"mxfp8 on {cluster.instance.name}: {acc.name} has no block-scaled "
+                         "tensor cores (expected a Blackwell-class accelerator, or delayed | current | blockwise)")
     if workload.attention_kernel == "flash1" and not acc.attention_flash1_efficiency:
         raise wl_sec.err("attention_kernel", f"flash1 on {cluster.instance.name}: the catalog has no "
                          f"FlashAttention-1-class figure for {acc.name} (expected an accelerator with "

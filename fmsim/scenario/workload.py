@@ -32,6 +32,7 @@ WORKLOAD_KEYS = (
     "cross_entropy",
     "kernel_fusion",
     "cuda_graphs",
+    "fp8_recipe",
     "lora",
     "moe_routing",
     "moe_imbalance",
@@ -49,6 +50,9 @@ ATTENTION_KERNELS = ("flash", "flash2", "flash1", "unfused")
 #: PyTorch ops, its default without --cross-entropy-loss-fusion; model.ops.CROSS_ENTROPY_BYTES)
 CROSS_ENTROPIES = ("fused", "unfused", "torch")
 MOE_ROUTINGS = ("balanced", "consecutive")
+#: how an fp8 run scales its operands (Transformer Engine's recipes; fmsim.model.ops.fp8_cast_bytes). delayed is
+#: Transformer Engine's default recipe (transformer_engine/pytorch/fp8.py get_default_fp8_recipe: DelayedScaling()).
+FP8_RECIPES = ("delayed", "current", "blockwise", "mxfp8")
 # Sizes no run could need, refused at load so that memory and time stay bounded whatever the input.
 # The largest published pre-training steps hold tens of millions of tokens (Llama 3 405B: 16M, Meta
 # 2024 Table 4) and the longest trained contexts ten million (Llama 4 Scout, 2025); the largest
@@ -77,6 +81,7 @@ class Workload:
     cross_entropy: str = "fused"     # CROSS_ENTROPIES
     kernel_fusion: str = "fused"     # model.fusion.KERNEL_FUSIONS: how fused the non-GEMM kernels are
     cuda_graphs: str = "none"        # model.fusion.CUDA_GRAPHS: none | layer | step
+    fp8_recipe: str = "delayed"      # FP8_RECIPES (fp8 runs)
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
@@ -213,6 +218,13 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         if wl.has(key) and kind not in TRAINING_KINDS:
             raise wl.err(key, f"applies to training kinds only, not {kind!r} (the serving engines' kernels and "
                          "graphs are their engine profile's)")
+    fp8_recipe = wl.choice("fp8_recipe", FP8_RECIPES, "delayed")
+    if wl.has("fp8_recipe"):
+        if kind not in TRAINING_KINDS:
+            raise wl.err("fp8_recipe", f"applies to training kinds only, not {kind!r}")
+        if precision != "fp8":
+            raise wl.err("fp8_recipe", f"{fp8_recipe} with precision {precision} (expected precision fp8: the "
+                         "recipe scales fp8 operands)")
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
@@ -243,6 +255,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         cross_entropy=cross_entropy,
         kernel_fusion=kernel_fusion,
         cuda_graphs=cuda_graphs,
+        fp8_recipe=fp8_recipe,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         lora_dropout=lora_dropout,

@@ -49,6 +49,8 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["kernel_fusion"] = wl.kernel_fusion
     if wl.cuda_graphs != "none":
         workload["cuda_graphs"] = wl.cuda_graphs
+    if wl.fp8_recipe != "delayed":
+        workload["fp8_recipe"] = wl.fp8_recipe
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:
