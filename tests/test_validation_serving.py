@@ -14,7 +14,8 @@ median 6.5 -> 7.2 %, worst 82.5 % unchanged, latency unchanged. Then trtllm-benc
 limits (tensorrt_llm/bench/build/tuning.py calc_engine_setting: its checkpoint-based KV estimate) replace the ones
 sized to fmsim's KV capacity: throughput median 7.2 -> 7.0 %, worst 78.2 % (inf-094), latency unchanged.
 Then the H100/H200 fp8 GEMM figures measured (mamf-finder's FP8 table, 0.71 / 0.73 from an assumed
-0.70) and Transformer Engine's own casts per fp8 recipe: MERGED FIGURES TBD.
+0.70) and Transformer Engine's own casts per fp8 recipe, on top of those limits: throughput median 7.0 %, worst
+78.2 -> 78.8 % (inf-094; inf-093 +49.8 -> +52.2 %), latency unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -87,6 +88,6 @@ def _worst(latency: bool) -> float:
 
 def test_serving_errors_stay_at_today_s_level():
     assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
-    assert _worst(latency=False) <= 80.5, f"throughput worst {_worst(latency=False):.1f} % (78.2 % measured)"
+    assert _worst(latency=False) <= 80.5, f"throughput worst {_worst(latency=False):.1f} % (78.8 % measured)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"
