@@ -16,6 +16,8 @@ sized to fmsim's KV capacity: throughput median 7.2 -> 7.0 %, worst 78.2 % (inf-
 Then the H100/H200 fp8 GEMM figures measured (mamf-finder's FP8 table, 0.71 / 0.73 from an assumed
 0.70) and Transformer Engine's own casts per fp8 recipe, on top of those limits: throughput median 7.0 %, worst
 78.2 -> 78.8 % (inf-094; inf-093 +49.8 -> +52.2 %), latency unchanged.
+Then the CUTLASS fused MoE's own kernels per MoE layer (expert-map sort, stride setup, input quantize): throughput
+median 7.0 % unchanged, worst 78.2 -> 71.4 % (inf-094), latency unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -68,10 +70,13 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: -- median 24.8, worst 82.5. Then trtllm-bench's own limits (its checkpoint-based KV estimate over the 8 GPUs,
 #: applied per attention-DP rank: 1280 / 2304 a rank on H100) and each GPU's activations at its rank's share:
 #: +29.6, +49.8, +78.2, +5.9, +12.8 % -- median 29.6, worst 78.2 (the larger per-rank token budget admits prompts
-#: faster on B200 and H200, where all 3000 requests fit the KV cache); bounds at those plus a margin
+#: faster on B200 and H200, where all 3000 requests fit the KV cache). Then the CUTLASS fused MoE's own kernels
+#: (expert-map sort, three kernels above 256 rows; grouped-GEMM stride setup; the fp8/nvfp4 input quantize:
+#: serving_cost.CUTLASS_MOE_*): +24.6, +45.6, +71.4, +4.8, +10.7 % -- median 24.6, worst 71.4; bounds at those
+#: plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 31.0
-GUARD_MOE_WORST_PCT = 80.5
+GUARD_MOE_MEDIAN_PCT = 26.0
+GUARD_MOE_WORST_PCT = 73.5
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():
@@ -88,6 +93,6 @@ def _worst(latency: bool) -> float:
 
 def test_serving_errors_stay_at_today_s_level():
     assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
-    assert _worst(latency=False) <= 80.5, f"throughput worst {_worst(latency=False):.1f} % (78.8 % measured)"
+    assert _worst(latency=False) <= 73.5, f"throughput worst {_worst(latency=False):.1f} % (71.4 % measured)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

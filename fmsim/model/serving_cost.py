@@ -58,6 +58,21 @@ RUNTIME_RESERVE_BYTES = 2.0 ** 30
 KERNELS_DENSE_LAYER = 9
 KERNELS_MOE_LAYER = 13
 KERNELS_PER_ITERATION = 3   # embedding, LM head, sampling
+# TensorRT-LLM's CUTLASS fused MoE (PyTorch backend) launches more than the generic count above, per MoE layer
+# (NVIDIA/TensorRT-LLM, module tensorrt_llm/_torch/modules/fused_moe/fused_moe_cutlass.py @000a01de66 forward_chunk;
+# op cpp/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_kernels.cu @000dea273b CutlassMoeFCRunner::runMoe, the
+# stored revision nearest it, same sequence): the expert-map build and sort before the permute
+# (fusedBuildExpertMapsSortFirstToken, one single-block kernel while the op's rows are <= 256 and top-k is 1/2/4/6/8,
+# else threeStepBuildExpertMapsSortFirstToken: blockExpertPrefixSum, globalExpertPrefixSum, mergeExpertPrefixSum),
+# the grouped GEMMs' stride/pointer setup (computeStridesTmaWarpSpecializedKernel, setupTmaWarpSpecializedInputs,
+# once for both GEMMs), and for an FP8 (static_quantize_e4m3_per_tensor) or NVFP4 (fp4_quantize) checkpoint the
+# quantization of the layer's input before the op. gemm1's activation (doActivation) and gemm2's finalize (its
+# kernel, or the output memset of the fused-finalize epilogue) are already among the 13.
+CUTLASS_MOE_KERNELS = 2            # expert-map build/sort (fused), stride setup
+CUTLASS_MOE_QUANT_KERNELS = 1      # input quantize, fp8 / nvfp4 checkpoints
+CUTLASS_MOE_FUSED_SORT_MAX_ROWS = 256
+CUTLASS_MOE_UNFUSED_SORT_EXTRA = 2  # three-step sort instead of the fused one
+INDEX_BYTES = 4.0                  # int32 expert ids and row maps
 def _flop_weighted_efficiency(gemms: list[tuple[float, float, float]], k0: float = GEMM_K0) -> float:
     """Efficiency of a chain of GEMMs given as (FLOPs share, K, N): sum(f) / sum(f / e(K))."""
     tot = sum(g[0] for g in gemms)
@@ -117,6 +132,9 @@ class EngineProfile:
     #: how ``auto`` limits are sized: ``kv`` (to the KV capacity fmsim's memory model gives the engine) or
     #: ``trtllm-bench`` (its own checkpoint-based estimate, :func:`trtllm_bench_kv_tokens`)
     auto_limits_from: str = "kv"
+    #: the MoE layer's kernels: ``generic`` (KERNELS_MOE_LAYER) or ``cutlass`` (TensorRT-LLM's CUTLASS fused MoE adds
+    #: its expert-map sort, stride setup and input quantize: CUTLASS_MOE_*)
+    moe_impl: str = "generic"
 
     def limits_on(self, accelerator: Any) -> tuple[int | None, int | None]:
         """(max_seqs, max_batch_tokens) this engine defaults to on ``accelerator`` (a catalog Accelerator)."""
@@ -205,7 +223,7 @@ ENGINES: Mapping[str, EngineProfile] = {
         memory_fraction=0.9, memory_fraction_of="free", admission="reserve",
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
-        limits_per_rank=True, moe_comm="allgather", auto_limits_from="trtllm-bench",
+        limits_per_rank=True, moe_comm="allgather", auto_limits_from="trtllm-bench", moe_impl="cutlass",
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
                "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
@@ -439,6 +457,11 @@ class ServingCostModel:
     pp_same_node: bool              # pipeline stages inside one node (NVLink hops) or across nodes
     overhead_s: float
     kernel_fixed_s: float = 0.0     # fixed kernel costs of one iteration (all layers)
+    #: kernels the MoE layers add when the op's rows pass ``moe_sort_fused_max_rows`` (CUTLASS's three-step sort;
+    #: 0: none), each at ``moe_kernel_s``
+    moe_sort_fused_max_rows: int = 0
+    moe_unfused_sort_kernels: int = 0
+    moe_kernel_s: float = 0.0
     dense_gemm_eff: float = 1.0     # K-depth efficiency of the non-expert GEMMs (gemm_k_efficiency)
     expert_gemm_eff: float = 1.0
     lm_gemm_eff: float = 1.0
@@ -565,6 +588,14 @@ class ServingCostModel:
             t += max(self.lm_flop_per_logit * ll / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
         return t
 
+    def kernel_time(self, tokens: float) -> float:
+        """Fixed kernel costs of an iteration whose linear layers see ``tokens`` rows (the MoE op takes all of them:
+        every GPU's experts see every token under TP, and the all-gathered ones under attention DP)."""
+        t = self.kernel_fixed_s
+        if self.moe_sort_fused_max_rows and tokens > self.moe_sort_fused_max_rows:
+            t += self.moe_unfused_sort_kernels * self.moe_kernel_s
+        return t
+
     def _prefill_attention(self, w: IterationWork) -> float:
         pairs = w.prefill_pairs if w.rank_prefill_pairs is None else max(w.prefill_pairs, w.rank_prefill_pairs)
         reads = w.prefill_kv_reads if w.rank_prefill_kv_reads is None else max(w.prefill_kv_reads,
@@ -587,7 +618,7 @@ class ServingCostModel:
         t += self._prefill_attention(w)
         written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
         t += self.kv_write_bytes_per_token * written / b
-        return t + self.comm_time(tok) + self.kernel_fixed_s
+        return t + self.comm_time(tok) + self.kernel_time(tok)
 
     def _wall(self, gpu_s: float) -> float:
         # an engine whose CPU work is not overlapped keeps the GPU idle a fixed share of the time
@@ -610,7 +641,7 @@ class ServingCostModel:
         return {"linear_s": self.linear_time(w.tokens, w.logits, w.rank_tokens, w.rank_logits),
                 "attention_decode_s": dec,
                 "attention_prefill_s": pre, "kv_write_s": self.kv_write_bytes_per_token * written / b,
-                "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_fixed_s,
+                "communication_s": self.comm_time(w.tokens), "kernel_fixed_s": self.kernel_time(w.tokens),
                 "overhead_s": self._wall(gpu) - gpu}
 
     def effective_context(self, ctx: Any) -> float:
@@ -729,7 +760,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      collective: CollectiveFn | None | str = "fabric",
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
                      kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
-                     attention_precision: str | None = None) -> ServingCostModel:
+                     attention_precision: str | None = None, moe_impl: str = "generic") -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -741,12 +772,17 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     ``attention_precision``: the precision a quantized checkpoint keeps its attention projections in (NVIDIA's
     ModelOpt NVFP4 exports often leave ``self_attn`` at 16 bits); ``None``: ``precision``.
 
+    ``moe_impl``: ``generic`` or ``cutlass`` (TensorRT-LLM's CUTLASS fused MoE: its extra kernels per MoE layer and
+    the bytes of its input quantize and expert maps; CUTLASS_MOE_*).
+
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
     acc = instance.accelerator
     if moe_comm not in ("all-to-all", "allgather"):
         raise ConfigError(f"moe_comm must be 'all-to-all' or 'allgather' (got {moe_comm!r})")
+    if moe_impl not in ("generic", "cutlass"):
+        raise ConfigError(f"moe_impl must be 'generic' or 'cutlass' (got {moe_impl!r})")
     if tp < 1 or pp < 1 or ep < 1:
         raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     if pp > model.layers:
@@ -818,6 +854,17 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         elementwise += n_moe * (2 * pair_rows * model.hidden
                                 + (own + (1.0 if (groups > 1 and moe_comm == "allgather") else own)) * model.hidden
                                 ) * ACT_BYTES
+    cutlass = moe is not None and moe_impl == "cutlass"
+    moe_quant = cutlass and precision in ("fp8", "fp4")
+    if cutlass:
+        # the expert maps over every row the op takes: the k int32 ids read, permuted_row_to_unpermuted_row and
+        # unpermuted_row_to_permuted_row written (fusedBuildExpertMapsSortFirstTokenKernel)
+        elementwise += n_moe * 3 * moe.top_k * INDEX_BYTES
+    if moe_quant:
+        # the input quantize runs over each rank's own tokens before any gather: 16-bit read, fp8 / nvfp4 written
+        quant = n_moe * model.hidden * (ACT_BYTES + BYTES_PER_ELEMENT[precision]) / groups
+        elementwise += quant
+        rank_elementwise += quant
 
     # K-depth efficiency of each GEMM family (FLOPs share, K): column-parallel GEMMs keep K =
     # hidden, row-parallel ones (attention output, MLP down) run K / tp (Megatron-LM sharding)
@@ -917,7 +964,11 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         num_all_reduce=n_ar, num_all_to_all=n_a2a, dp_groups=groups,
         pp_same_node=gpus * pp <= instance.num_accelerators, overhead_s=overhead_s,
         kernel_fixed_s=(n_dense * KERNELS_DENSE_LAYER + n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0))
+                        + n_moe * ((CUTLASS_MOE_KERNELS if cutlass else 0) + (CUTLASS_MOE_QUANT_KERNELS if moe_quant else 0))
                         + KERNELS_PER_ITERATION) * KERNEL_FIXED_S if kernel_fixed_s is None else kernel_fixed_s,
+        moe_sort_fused_max_rows=CUTLASS_MOE_FUSED_SORT_MAX_ROWS if cutlass else 0,
+        moe_unfused_sort_kernels=n_moe * CUTLASS_MOE_UNFUSED_SORT_EXTRA if cutlass else 0,
+        moe_kernel_s=KERNEL_FIXED_S if kernel_fixed_s is None else 0.0,
         cpu_overhead_fraction=cpu_overhead_fraction,
         window=model.window.size if n_local else 0, window_share=n_local / L,
         dense_gemm_eff=dense_eff, expert_gemm_eff=expert_eff, lm_gemm_eff=gemm_k_efficiency(h, lm_k0),

@@ -135,7 +135,7 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
                             attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
                             collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
                             cpu_overhead_fraction=profile.cpu_overhead_fraction, moe_comm=profile.moe_comm,
-                            attention_precision=attention_precision)
+                            attention_precision=attention_precision, moe_impl=profile.moe_impl)
     chunked = sv.chunked_prefill if sv.chunked_prefill is not None else profile.chunked_prefill
     frac = sv.memory_fraction if sv.memory_fraction is not None else profile.memory_fraction
     hbm = instance.accelerator.hbm_bytes
