@@ -17,7 +17,8 @@ Then the H100/H200 fp8 GEMM figures measured (mamf-finder's FP8 table, 0.71 / 0.
 0.70) and Transformer Engine's own casts per fp8 recipe, on top of those limits: throughput median 7.0 %, worst
 78.2 -> 78.8 % (inf-094; inf-093 +49.8 -> +52.2 %), latency unchanged.
 Then the CUTLASS fused MoE's own kernels per MoE layer (expert-map sort, stride setup, input quantize): throughput
-median 7.0 % unchanged, worst 78.2 -> 71.4 % (inf-094), latency unchanged.
+median 7.0 % unchanged, worst 78.2 -> 71.4 % (inf-094), latency unchanged; with both, worst 71.9 % (inf-094) and
+MoE rows +24.6 / +48.0 / +71.9 / +4.8 / +10.7 %.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -93,6 +94,6 @@ def _worst(latency: bool) -> float:
 
 def test_serving_errors_stay_at_today_s_level():
     assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
-    assert _worst(latency=False) <= 73.5, f"throughput worst {_worst(latency=False):.1f} % (71.4 % measured)"
+    assert _worst(latency=False) <= 73.5, f"throughput worst {_worst(latency=False):.1f} % (71.9 % measured with the fp8 GEMM figures)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"
