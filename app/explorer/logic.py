@@ -182,8 +182,9 @@ def whatif_scenario(text: str, file: str, overrides: Sequence[tuple[str, Any]] =
     knobs = dict(overrides)
     par = data.get("parallelism", {})
     if knobs.get("parallelism.recompute", base.parallelism.recompute) != "selective":
-        # the modules belong to selective recompute: a knob that leaves it drops them
+        # the modules (or torchtitan's op policy) belong to selective recompute: a knob that leaves it drops them
         par.pop("recompute_modules", None)
+        par.pop("recompute_policy", None)
     if (knobs.get("parallelism.recompute", base.parallelism.recompute) != "full"
             or knobs.get("parallelism.pp", base.parallelism.pp) != base.parallelism.pp
             or knobs.get("parallelism.vpp", base.parallelism.vpp) != base.parallelism.vpp):

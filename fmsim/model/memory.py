@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import OutOfMemoryError
 from .architecture import ModelSpec
 from .flops import attention_dims
+from .sac import saved_bytes_per_token
 
 WEIGHT_BYTES = 2.0        # bf16 weights (fp8 recipes keep bf16 weights and cast per GEMM)
 GRAD_BYTES = 4.0          # fp32 main gradients (Megatron accumulate-in-fp32)
@@ -63,7 +64,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
                            cp: int, sequence_parallel: bool, recompute: str, ep: int = 1,
                            expert_tp: int | None = None, recompute_modules: tuple[str, ...] = (),
                            gemm_input_bytes: float = 2.0, frozen_mlp: bool = False,
-                           moe_load: float = 1.0, act_input_bytes: float = 2.0) -> float:
+                           moe_load: float = 1.0, act_input_bytes: float = 2.0,
+                           recompute_policy: str = "modules", keep_attention: bool = True) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -87,12 +89,16 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     ``moe_load``: the routed rows of the busiest expert-parallel rank over the balanced share.
     ``act_input_bytes``: bytes per element of the MLP activation function's saved input (1 under
     Megatron-Core's ``activation_func_fp8_input_store``, which keeps it as fp8 for the backward).
+    ``recompute_policy`` torchtitan-op (with selective): the block's input, its kept mm outputs and SDPA's
+    output when ``keep_attention`` (:func:`fmsim.model.sac.saved_bytes_per_token`; tp 1, dense, 16-bit).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
     seq_split = tp if sequence_parallel else 1
     if recompute == "full":
         return 2.0 * tokens * h / seq_split
+    if recompute == "selective" and recompute_policy == "torchtitan-op":
+        return tokens * saved_bytes_per_token(model, keep_attention)
     dqk, dv = attention_dims(model)
     mods = set(recompute_modules) if recompute == "selective" else set()
     mla = model.attention == "mla" and model.mla is not None
@@ -181,14 +187,16 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     weight_bytes: float = WEIGHT_BYTES, gemm_input_bytes: float = 2.0,
                     frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0,
                     act_input_bytes: float = 2.0,
-                    recomputed: frozenset[int] | None = None) -> MemoryBreakdown:
+                    recomputed: frozenset[int] | None = None, recompute_policy: str = "modules",
+                    keep_attention: bool = True) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
     their forward and come back for their backward (Megatron-Core's CPU offloading, which offloads the
     first layers: the last ones are needed first); one offloaded layer's activations are in transit
     on the device at a time. ``recomputed``: with ``recompute`` full, the layers that recompute (keeping
-    only their input); the others keep every activation. None = every layer."""
+    only their input); the others keep every activation. None = every layer. ``recompute_policy``,
+    ``keep_attention``: :func:`layer_activation_bytes`."""
     dense_params, expert_params = stage_params_cached(model, stage_layers, first, last, pp)
     etp = tp if expert_tp is None else expert_tp
     dense_params += tp * model.replicated_kv_params(tp) * len(stage_layers)   # K/V heads copied over tp > kv_heads
@@ -205,7 +213,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     per_mb, host_offload = _stage_activations(
         model, tuple(stage_layers), micro_batch, seq_len, tp, cp, sequence_parallel, recompute, ep, etp,
         tuple(recompute_modules), gemm_input_bytes, frozen_mlp, moe_load, act_input_bytes, offload_layers,
-        recomputed)
+        recomputed, recompute_policy, keep_attention)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0
     if last:
@@ -220,7 +228,8 @@ def _stage_activations(model: ModelSpec, stage_layers: tuple[int, ...], micro_ba
                        cp: int, sequence_parallel: bool, recompute: str, ep: int, etp: int,
                        recompute_modules: tuple[str, ...], gemm_input_bytes: float, frozen_mlp: bool,
                        moe_load: float, act_input_bytes: float, offload_layers: int,
-                       recomputed: frozenset[int] | None) -> tuple[float, float]:
+                       recomputed: frozenset[int] | None, recompute_policy: str = "modules",
+                       keep_attention: bool = True) -> tuple[float, float]:
     """(stored activation bytes of one micro-batch on the device, of which offloaded to the host) for a
     stage's layers: what :func:`training_memory` multiplies by the micro-batches in flight. Memoised
     (bounded) on its frozen inputs: it reads neither the data-parallel width, nor the ZeRO stage, nor the
@@ -235,7 +244,7 @@ def _stage_activations(model: ModelSpec, stage_layers: tuple[int, ...], micro_ba
         model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
         recompute=kind[1], ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
         gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load,
-        act_input_bytes=act_input_bytes)
+        act_input_bytes=act_input_bytes, recompute_policy=recompute_policy, keep_attention=keep_attention)
         for kind, one in first_of.items()}
     per_layer = [by_kind[kind] for kind in kinds]
     off = per_layer[:offload_layers]

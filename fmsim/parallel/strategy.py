@@ -22,6 +22,7 @@ from ..hardware.topology import place
 from ..model.architecture import ModelSpec
 from ..model.flops import exact_forward_flops_per_token
 from ..model.kernels import BYTES_PER_ELEMENT, KERNEL_FIXED_S
+from ..model.sac import attention_kept, recompute_pass
 from ..model.memory import (
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
@@ -324,7 +325,8 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                       rs_dgrad: bool = False,
                       recompute_modules: tuple[str, ...] = ("core_attn",),
                       offload_s: Mapping[int, float] | None = None,
-                      recomputed: frozenset[int] | None = None) -> tuple[StageCost, ...]:
+                      recomputed: frozenset[int] | None = None,
+                      recompute_policy: str = "modules") -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
@@ -336,7 +338,10 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     waits in the open, filed under ``offload``.
 
     ``recomputed``: with ``recompute`` full, the layers that recompute (the others keep their
-    activations: Megatron-LM's block method); None = every layer."""
+    activations: Megatron-LM's block method); None = every layer.
+
+    ``recompute_policy`` torchtitan-op (with selective): each layer runs again every forward op but those
+    torchtitan's save list keeps (:func:`fmsim.model.sac.recompute_pass`)."""
     rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention,
                      shard.fp8_recipe, wgrad=not frozen_weights)
     offload_s = offload_s or {}
@@ -354,6 +359,10 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
             fwd.add(mlp)
             if mode == "full":
                 rec, extra = fwd, 0.0
+            elif mode == "selective" and recompute_policy == "torchtitan-op":
+                keep = attention_kept(shard.attention_kernel, not instance.accelerator.attention_flash2_efficiency)
+                rec = recompute_pass(model, shard, rf, attn, mlp, keep_attention=keep)
+                extra = rec.flops
             elif mode == "selective":
                 # the checkpointed modules run their forward again: by default the attention core
                 # only (Korthikanti et al. 2022 §5); Megatron-Core's --recompute-modules add the
@@ -627,7 +636,8 @@ def build_plan(sc) -> Plan:
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
                                tp_async=par.overlap.tp_backward, rs_dgrad=par.overlap.tp_rs_dgrad,
                                recompute_modules=par.recompute_modules,
-                               frozen_weights=w.lora_rank > 0, offload_s=offload_s, recomputed=recomputed)
+                               frozen_weights=w.lora_rank > 0, offload_s=offload_s, recomputed=recomputed,
+                               recompute_policy=par.recompute_policy)
     acc = inst.accelerator
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     if w.precision == "fp8" and w.fp8_recipe == "delayed":
@@ -740,7 +750,10 @@ def build_plan(sc) -> Plan:
                                    expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
                                    gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
                                    offload_layers=par.offload_activations, moe_load=w.moe_load,
-                                   act_input_bytes=act_in, recomputed=recomputed)
+                                   act_input_bytes=act_in, recomputed=recomputed,
+                                   recompute_policy=par.recompute_policy,
+                                   keep_attention=attention_kept(w.attention_kernel,
+                                                                 not acc.attention_flash2_efficiency))
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base

@@ -14,6 +14,7 @@ from .cluster import Cluster
 from .reader import _Section, _what
 from .schema import AXES, LOW_PRECISIONS, TRAINING_KINDS
 from .workload import Workload
+from ..model.sac import POLICIES as SAC_POLICIES, unsupported as sac_unsupported
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -22,6 +23,9 @@ RECOMPUTE = ("none", "selective", "full")
 #: the attention core (its default, Korthikanti et al. 2022), the dense MLP block, the MoE block, the
 #: experts' activation function, the shared experts, the norms, and MLA's up-projections
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe", "moe_act", "shared_experts", "layernorm", "mla_up_proj")
+#: what decides what `recompute: selective` keeps: modules (the RECOMPUTE_MODULES list above) or torchtitan-op,
+#: torchtitan's op-level save list (activation_checkpoint selective_ac_option "op"; fmsim.model.sac)
+RECOMPUTE_POLICIES = SAC_POLICIES
 DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core RankGenerator default
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
@@ -61,6 +65,7 @@ PARALLELISM_KEYS = (
     "recompute",
     "recompute_modules",
     "recompute_layers",
+    "recompute_policy",
     "zero",
     "dp_shard",
     "grad_bucket",
@@ -127,6 +132,9 @@ class Parallelism:
     # rest keep their activations (Megatron-LM --recompute-method block --recompute-num-layers N;
     # torchtitan's every-k-th-layer checkpointing holds as many); 0 = every layer (the default)
     recompute_layers: int = 0
+    # with recompute: selective, what decides what is kept: modules (recompute_modules) | torchtitan-op
+    # (torchtitan's op-level save list, fmsim.model.sac; recompute_modules then ())
+    recompute_policy: str = "modules"
     zero: int = 0
     # hybrid sharding (PyTorch FSDP HYBRID_SHARD / torchtitan's dp_shard x dp_replicate, Megatron-Core's
     # --num-distributed-optimizer-instances): ZeRO shards over groups of dp_shard data-parallel ranks and
@@ -373,6 +381,20 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         if len(set(raw)) != len(raw):
             raise ps.err("recompute_modules", f"{list(raw)} names a module twice")
         modules = tuple(raw)
+    policy = ps.choice("recompute_policy", RECOMPUTE_POLICIES, "modules")
+    if policy == "torchtitan-op":
+        if recompute != "selective":
+            raise ps.err("recompute_policy", f"torchtitan-op given with recompute: {recompute} (expected recompute: "
+                         "selective; torchtitan's per-layer option is recompute: full with recompute_layers)")
+        if ps.has("recompute_modules"):
+            raise ps.err("recompute_modules", "given with recompute_policy: torchtitan-op (expected one of the two: "
+                         "torchtitan's save list decides op by op, not by module)")
+        why = sac_unsupported(model, tp=tp, cp=cp, precision=workload.precision,
+                              attention_kernel=workload.attention_kernel, kernel_fusion=workload.kernel_fusion,
+                              lora_rank=workload.lora_rank)
+        if why:
+            raise ps.err("recompute_policy", f"torchtitan-op {why}")
+        modules = ()
     recompute_layers = ps.integer("recompute_layers", 0, minimum=0)      # 0: every layer
     if recompute_layers:
         if recompute != "full":
@@ -438,6 +460,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         recompute=recompute,
         recompute_modules=modules,
         recompute_layers=recompute_layers,
+        recompute_policy=policy,
         zero=zero,
         dp_shard=_dp_shard(ps, dp=dp, zero=zero, ep=ep),
         grad_bucket=_grad_bucket(ps),

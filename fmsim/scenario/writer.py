@@ -74,7 +74,9 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "schedule": par.schedule,
         "sequence_parallel": par.sequence_parallel,
         "recompute": par.recompute,
-        **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective" else {}),
+        **({"recompute_modules": list(par.recompute_modules)} if par.recompute == "selective"
+           and par.recompute_policy == "modules" else {}),
+        **({"recompute_policy": par.recompute_policy} if par.recompute_policy != "modules" else {}),
         **({"recompute_layers": par.recompute_layers} if par.recompute_layers else {}),
         "zero": par.zero,
         **({"dp_shard": par.dp_shard} if par.dp_shard else {}),
