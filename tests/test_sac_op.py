@@ -111,7 +111,8 @@ def test_the_policy_round_trips_through_the_writer():
     ({"parallelism.recompute_policy": 3}, "is not valid"),
     ({"parallelism.recompute": "full"}, "torchtitan-op given with recompute: full"),
     ({"parallelism.recompute_modules": ["core_attn"]}, "given with recompute_policy: torchtitan-op"),
-    ({"parallelism.tp": 2, "parallelism.dp": 32}, "expected tp 1 and cp 1"),
+    ({"parallelism.tp": 2, "parallelism.dp": 32}, "expected sequence_parallel: true"),
+    ({"parallelism.cp": 2, "parallelism.dp": 32}, "expected cp 1"),
     ({"workload.precision": "fp8", "cluster.instance": "p5.48xlarge", "cluster.gpus": None, "cluster.nodes": 8},
      "torch._scaled_mm"),
     ({"workload.attention_kernel": "unfused"}, "expected flash2 or flash"),
@@ -135,3 +136,23 @@ def test_the_cli_exits_2_on_a_bad_policy(tmp_path):
     assert out.returncode == 2
     assert "bad.yaml: parallelism.recompute_policy: 'torchtitan' is not valid" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+TP2 = {"parallelism.tp": 2, "parallelism.dp": 32, "parallelism.sequence_parallel": True}
+
+
+def test_under_tp_the_all_gathers_rerun_and_the_reduce_scatters_are_kept():
+    # apply_tp @f7084fc7: sequence-parallel norms, column-parallel wq/wk/wv/w1/w3, row-parallel wo/w2 into Shard(1)
+    op = build_plan(_sc(**TP2))
+    mod = build_plan(_sc(**TP2, **{"parallelism.recompute_policy": "modules"}))
+    none = build_plan(_sc(**TP2, **{"parallelism.recompute": "none", "parallelism.recompute_policy": None}))
+    full = build_plan(_sc(**TP2, **{"parallelism.recompute": "full", "parallelism.recompute_policy": None}))
+    acts = [p.memory[0].activations for p in (full, op, none)]
+    assert acts == sorted(acts) and len(set(acts)) == 3
+    # the rerun's two all-gathers: exposed tp time beyond core_attn's backward (which reruns no collective)
+    assert op.stages[0].bwd_comm.get("tp", 0.0) > mod.stages[0].bwd_comm.get("tp", 0.0)
+    assert op.stages[0].fwd_comm == mod.stages[0].fwd_comm
+    model = _sc().workload.model
+    h, dq, kv, ffn = 4096, 4096, 1024, 14336
+    assert sac.saved_bytes_per_token(model, True, 2) == 2.0 * (h / 2 + dq / 2 + kv / 2 + dq / 2 + ffn / 2 + h
+                                                                + 2 * h / 2)

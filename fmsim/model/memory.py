@@ -90,7 +90,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     ``act_input_bytes``: bytes per element of the MLP activation function's saved input (1 under
     Megatron-Core's ``activation_func_fp8_input_store``, which keeps it as fp8 for the backward).
     ``recompute_policy`` torchtitan-op (with selective): the block's input, its kept mm outputs and SDPA's
-    output when ``keep_attention`` (:func:`fmsim.model.sac.saved_bytes_per_token`; tp 1, dense, 16-bit).
+    output when ``keep_attention`` (:func:`fmsim.model.sac.saved_bytes_per_token`; dense, 16-bit, cp 1).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -98,7 +98,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     if recompute == "full":
         return 2.0 * tokens * h / seq_split
     if recompute == "selective" and recompute_policy == "torchtitan-op":
-        return tokens * saved_bytes_per_token(model, keep_attention)
+        return tokens * saved_bytes_per_token(model, keep_attention, tp)
     dqk, dv = attention_dims(model)
     mods = set(recompute_modules) if recompute == "selective" else set()
     mla = model.attention == "mla" and model.mla is not None

@@ -21,7 +21,7 @@ the three commits the stacks and runs here name:
 
 The meta counter is made per checkpointed call (``selective_checkpointing_context_fn``: ``meta =
 defaultdict(int)``), so the count restarts in every block. A torchtitan Llama block calls ``aten.mm`` in this
-order (llama3/model/model.py @29624e37, and llama/model.py @04133643: ``self.wq(x), self.wk(x), self.wv(x)``, then
+order (llama3/model/model.py @29624e37 and @f7084fc7, and llama/model.py @04133643: ``self.wq(x), self.wk(x), self.wv(x)``, then
 ``self.wo(output)``; ``self.w2(F.silu(self.w1(x)) * self.w3(x))``; ``nn.Linear`` without bias on a 3-D input is
 ``aten.mm`` after a view): wq 1, wk 2, wv 3, wo 4, w1 5, w3 6, w2 7 -- so wq, wv, w1 and w2 are kept and wk, wo
 and w3 run again. An ungated MLP (w1, w2) continues the count the same way (:func:`layer_mms`).
@@ -36,11 +36,16 @@ recomputed and not kept (:func:`attention_kept`).
 What runs again in the backward (:func:`recompute_pass`): every op of the block but the kept ones -- the norms,
 the rotary, ``repeat_kv`` and the transposes, SwiGLU, the residual adds (each with the extra kernels its
 ``kernel_fusion`` level runs, :mod:`fmsim.model.fusion`), wk, wo, w3, and the attention core under cuDNN. The
-v0.1 and 2024 code leave PyTorch's default early stop on, which would skip the block's last residual add (3 B per
+v0.1 and 2024 code leave PyTorch's default early stop on (torch.utils.checkpoint docs: ``early_stop`` "Default:
+True", recomputation stops once every needed tensor is made again), which would skip the block's last residual add (3 B per
 element of the hidden width and one kernel); not modelled.
 
+Under tensor parallelism (apply_tp @f7084fc7: sequence-parallel norms, column-parallel wq/wk/wv/w1/w3,
+row-parallel wo/w2 with ``output_layouts=Shard(1)``) the two reduce-scatters' outputs are kept and the two
+all-gathers in front of the attention and the MLP run again.
+
 Refused, with a located line, where the rule above does not say what happens (fmsim.scenario.parallelism):
-tensor or context parallelism (TP's all-gathers are recomputed, its reduce-scatters kept: not modelled), MoE and
+context parallelism, TP without sequence parallelism or over fewer K/V heads than ranks, MoE and
 MLA layers (torchtitan's MoE runs ``torch._grouped_mm``, not read this session), biased linear layers
 (``aten.addmm``, not in the list), fp8/fp4 (torchao's float8 linears call ``torch._scaled_mm``, not in the list:
 not read), LoRA, local attention, and attention kernels that are not SDPA's (``flash1``, ``unfused``). Under
@@ -78,24 +83,30 @@ def attention_kept(attention_kernel: str, flash_is_fa2: bool) -> bool:
     return attention_kernel == "flash2" or (attention_kernel == "flash" and flash_is_fa2)
 
 
-def layer_mms(model: ModelSpec) -> tuple[tuple[str, float, float, bool], ...]:
-    """The ``aten.mm`` calls of one dense block in torchtitan's order: (name, output width n, reduction depth k,
-    kept), an (tokens x k)·(k x n) product each; the 1st, 3rd, 5th ... are kept (the count's odd values)."""
+def layer_mms(model: ModelSpec, tp: int = 1) -> tuple[tuple[str, float, float, bool], ...]:
+    """The ``aten.mm`` calls of one dense block in torchtitan's order, as one of ``tp`` tensor-parallel ranks runs
+    them: (name, output width n, reduction depth k, kept), an (tokens x k)·(k x n) product each; the 1st, 3rd,
+    5th ... are kept (the count's odd values). Under TP (apply_tp, llama3/infra/parallelize.py @f7084fc7) wq, wk,
+    wv, w1, w3 are column-parallel (their outputs split over tp) and wo, w2 row-parallel (their inputs split,
+    their outputs the full width: partial sums)."""
     h = model.hidden
     dq, dv = attention_dims(model)
-    kv = model.kv_heads * model.head_dim
+    kv = model.kv_heads_per_rank(tp) * model.head_dim
     ffn = model.ffn_hidden
-    shapes = [("wq", dq, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, dv), ("w1", ffn, h)]
-    shapes += [("w3", ffn, h), ("w2", h, ffn)] if model.gated else [("w2", h, ffn)]
+    shapes = [("wq", dq / tp, h), ("wk", kv, h), ("wv", kv, h), ("wo", h, dv / tp), ("w1", ffn / tp, h)]
+    shapes += [("w3", ffn / tp, h), ("w2", h, ffn / tp)] if model.gated else [("w2", h, ffn / tp)]
     return tuple((name, n, k, i % 2 == 1) for i, (name, n, k) in enumerate(shapes, start=1))
 
 
-def saved_bytes_per_token(model: ModelSpec, keep_attention: bool) -> float:
-    """Bytes one block keeps per token (tp 1): its input, the kept mm outputs, SDPA's output if kept."""
-    kept = sum(n for _, n, _, keep in layer_mms(model) if keep)
+def saved_bytes_per_token(model: ModelSpec, keep_attention: bool, tp: int = 1) -> float:
+    """Bytes one block keeps per token on one of ``tp`` ranks: its input (its sequence shard under TP's sequence
+    parallelism), the kept mm outputs, SDPA's output if kept, and under TP the two reduce-scatters' outputs
+    (``reduce_scatter_tensor`` is on the list: the sequence shards of wo's and w2's outputs)."""
+    kept = sum(n for _, n, _, keep in layer_mms(model, tp) if keep)
     _, dv = attention_dims(model)
-    attn = dv if keep_attention else 0.0
-    return 2.0 * (model.hidden + kept + attn)
+    attn = dv / tp if keep_attention else 0.0
+    scattered = 2 * model.hidden / tp if tp > 1 else 0.0
+    return 2.0 * (model.hidden / tp + kept + attn + scattered)
 
 
 def recompute_pass(model: ModelSpec, sh: Shard, rf: Roofline, attn: PassCost, mlp: PassCost, *,
@@ -107,8 +118,10 @@ def recompute_pass(model: ModelSpec, sh: Shard, rf: Roofline, attn: PassCost, ml
     from .fusion import host_per_kernel_s
     from .ops import PassCost
 
+    from .ops import CommRequest
+
     T = sh.tokens
-    mms = layer_mms(model)
+    mms = layer_mms(model, sh.tp)
     # the forward's GEMM launches: one per mm where the projections are separate nn.Linear layers (fusion.py), one
     # QKV, one output projection, one FC1 and one FC2 under the fused kernels
     launches = 4 if sh.kernel_fusion == "fused" else len(mms)
@@ -127,6 +140,11 @@ def recompute_pass(model: ModelSpec, sh: Shard, rf: Roofline, attn: PassCost, ml
         else:
             rec.attention_s += core.attention_s
             rec.flops += core.flops
+    if sh.tp > 1:
+        # the sequence-parallel all-gathers in front of the attention and the MLP run again
+        # (_c10d_functional.all_gather_into_tensor is not on the list), the reduce-scatters are kept; torchtitan
+        # waits on each before its GEMM (no async TP by default: enable_async_tp False), so nothing hides them
+        rec.comms += [CommRequest("tp", "all-gather", T * model.hidden * rf.act_bytes) for _ in range(2)]
     # the host issues the rerun's kernels as it issues a recompute module's (fusion.attach_host)
     fwd_k, bwd_k = host_per_kernel_s(sh)
     graphed = sh.cuda_graphs != "none"
@@ -135,12 +153,18 @@ def recompute_pass(model: ModelSpec, sh: Shard, rf: Roofline, attn: PassCost, ml
     return rec
 
 
-def unsupported(model: ModelSpec, *, tp: int, cp: int, precision: str, attention_kernel: str,
-                kernel_fusion: str, lora_rank: int) -> str:
+def unsupported(model: ModelSpec, *, tp: int, cp: int, sequence_parallel: bool, precision: str,
+                attention_kernel: str, lora_rank: int) -> str:
     """Why the policy cannot be priced for this run ("" when it can): the cases the save list does not settle."""
-    if tp != 1 or cp != 1:
-        return (f"tp {tp}, cp {cp} (expected tp 1 and cp 1: under tensor or context parallelism torchtitan's policy "
-                "recomputes the all-gathers and keeps the reduce-scatters, which fmsim does not model)")
+    if cp != 1:
+        return (f"cp {cp} (expected cp 1: torchtitan's context parallelism runs SDPA through its ring-attention "
+                "dispatch, not read)")
+    if tp > 1 and not sequence_parallel:
+        return (f"tp {tp} without sequence_parallel (expected sequence_parallel: true: torchtitan's TP plan shards "
+                "the norms over the sequence, apply_tp @f7084fc7)")
+    if tp > 1 and model.kv_heads % tp:
+        return (f"tp {tp} over {model.name}'s {model.kv_heads} K/V heads (expected tp dividing them: torchtitan "
+                "splits wk and wv column-wise)")
     if model.moe is not None or model.attention == "mla":
         return (f"{model.name} has {'MoE' if model.moe is not None else 'MLA'} layers (expected a dense Llama-style "
                 "block: torchtitan's MoE and MLA blocks were not read)")

@@ -389,8 +389,8 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         if ps.has("recompute_modules"):
             raise ps.err("recompute_modules", "given with recompute_policy: torchtitan-op (expected one of the two: "
                          "torchtitan's save list decides op by op, not by module)")
-        why = sac_unsupported(model, tp=tp, cp=cp, precision=workload.precision,
-                              attention_kernel=workload.attention_kernel, kernel_fusion=workload.kernel_fusion,
+        why = sac_unsupported(model, tp=tp, cp=cp, sequence_parallel=ps.boolean("sequence_parallel", False),
+                              precision=workload.precision, attention_kernel=workload.attention_kernel,
                               lora_rank=workload.lora_rank)
         if why:
             raise ps.err("recompute_policy", f"torchtitan-op {why}")
