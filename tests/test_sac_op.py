@@ -156,3 +156,11 @@ def test_under_tp_the_all_gathers_rerun_and_the_reduce_scatters_are_kept():
     h, dq, kv, ffn = 4096, 4096, 1024, 14336
     assert sac.saved_bytes_per_token(model, True, 2) == 2.0 * (h / 2 + dq / 2 + kv / 2 + dq / 2 + ffn / 2 + h
                                                                 + 2 * h / 2)
+
+
+def test_the_rerun_runs_the_stacks_own_elementwise_kernels():
+    # eager torch ops (fusion.py): composite RMSNorm, three-kernel rotary, repeat_kv, SwiGLU as two ops, all rerun
+    fused = build_plan(_op()).stages[0]
+    eager = build_plan(_sc(**{"workload.kernel_fusion": "eager-composite-norm"})).stages[0]
+    assert eager.recompute_s > fused.recompute_s
+    assert eager.recompute_extra_flops == fused.recompute_extra_flops      # the same GEMMs run again
