@@ -18,7 +18,7 @@ from fmsim.model.ops import PassCost, Shard
 from fmsim.scenario import scenario_from_mapping, scenario_to_mapping
 
 CAT = load_catalog()
-BRIDGE = ("megatron-bridge-25.09", "megatron-bridge-25.11", "megatron-bridge-26.04")
+MEGATRON = ("nemo-25.02", "nemo-25.04", "megatron-bridge-25.09", "megatron-bridge-25.11", "megatron-bridge-26.04")
 
 
 def _moe(model="mixtral-8x7b", *, ep=8, tp=1, seq=4096, gpus=8, **par):
@@ -39,16 +39,16 @@ def _step(data, *, workload=None, **par) -> float:
 def test_the_figures_trace_to_their_sources():
     assert fusion.D2H_COPY_S == 6.5e-6                      # gdrcopy README: "6-7us overhead", the middle
     doc = fusion.__doc__
-    for needle in ("NVIDIA/gdrcopy README.md @00cf81f3", "core_v0.15.0rc6", "0d8e0714", "3097d81d",
-                   "d2h_event.synchronize()", "the CPU will wait for GPU's signal to arrive"):
+    for needle in ("NVIDIA/gdrcopy README.md @00cf81f3", "791b70e0", "3cdfd613", "core_v0.15.0rc6", "0d8e0714",
+                   "3097d81d", "d2h_event.synchronize()", "the CPU will wait for GPU's signal to arrive"):
         assert needle in doc, needle
-    for name in BRIDGE:
+    for name in MEGATRON:
         s = CAT.stack(name).setting("parallelism.moe_host_sync")
         assert s is not None and s.value == "per-layer", name
         assert "token_dispatcher.py" in s.source and "NVIDIA/Megatron-LM" in s.source, name
 
 
-def test_the_default_is_none_and_the_bridge_stacks_state_per_layer():
+def test_the_default_is_none_and_the_megatron_core_stacks_state_per_layer():
     plain = scenario_from_mapping(_moe(), catalog=CAT)
     assert plain.parallelism.moe_host_sync == "none"
     bridge = scenario_from_mapping({**_moe(), "stack": "megatron-bridge-25.11"}, catalog=CAT)
@@ -72,6 +72,19 @@ def test_the_wait_never_shortens_a_step(plan, graphs, level):
     none, waited = _step(data, workload=wl, moe_host_sync="none"), _step(data, workload=wl, moe_host_sync="per-layer")
     assert waited > none, (none, waited)
     assert waited < 1.05 * none                      # tens of microseconds a layer against milliseconds
+
+
+def test_a_layer_graph_leaves_the_waiting_moe_block_to_the_host():
+    """Under cuda_graphs: layer the attention replays but the dropless MoE block launches eagerly (Megatron-LM
+    issue #1598); without the wait both replay."""
+    sh = Shard(micro_batch=1, seq_len=1, cuda_graphs="layer")
+    attn, moe = PassCost(kernels=20), PassCost(kernels=30, sync_pre=(1e-6, 3))
+    fusion.attach_host([attn, moe], sh)
+    assert attn.host_s == fusion.EAGER_HOST_FWD_S                   # the layer's one replay
+    assert moe.host_s == 30 * fusion.EAGER_HOST_FWD_S and moe.sync_s > 0
+    attn, moe = PassCost(kernels=20), PassCost(kernels=30)
+    fusion.attach_host([attn, moe], sh)
+    assert attn.host_s == moe.host_s == fusion.EAGER_HOST_FWD_S / 2 and moe.sync_s == 0
 
 
 def test_the_recomputed_moe_block_waits_again():

@@ -74,16 +74,18 @@ Host cost per kernel (published microbenchmarks, never a training-speed row):
 The host synchronisation of dropless MoE (``parallelism.moe_host_sync``, :func:`attach_sync`). Megatron-Core's
 dispatchers need each MoE layer's token counts on the host: the all-to-all's split sizes and the grouped GEMM's
 per-expert ``m_splits`` are host lists. Read at the commits the stacks name (NVIDIA/Megatron-LM
-megatron/core/transformer/moe/token_dispatcher.py and fused_a2a.py at core_v0.14.0, core_v0.15.0rc6 -- the
-version Megatron-Bridge f9aad1f3's uv.lock pins -- 0d8e0714, Megatron-Bridge v0.2.0's submodule, and 3097d81d,
-26.04's):
+megatron/core/transformer/moe/token_dispatcher.py and fused_a2a.py at 791b70e0 and 3cdfd613, the megatron-lm refs
+of NeMo v2.2.0 and v2.3.0's requirements/manifest.json (core_r0.11.0, core_r0.12.0: NeMo 25.02, 25.04), at
+core_v0.14.0, core_v0.15.0rc6 -- the version Megatron-Bridge f9aad1f3's uv.lock pins -- 0d8e0714, Megatron-Bridge
+v0.2.0's submodule, and 3097d81d, 26.04's):
 
 * ``alltoall`` dispatcher, dropless: ``preprocess`` computes the counts on the device (and all-gathers them over
   TP x EP); ``_maybe_dtoh_and_synchronize`` copies them (``tokens_per_expert``, ``input_splits``,
   ``output_splits``, ``output_splits_tp``, and ``num_global_tokens_per_local_expert`` without permute fusion)
   with ``.to("cpu", non_blocking=True)`` on a side stream at ``before_permutation_1`` and waits on the copies'
   event (``d2h_event.synchronize()``) at ``before_ep_alltoall`` (EP > 1 or TP > 1; ``before_finish`` otherwise;
-  ``before_permutation_1`` with a capacity factor or router padding). One wait per MoE layer forward; the
+  ``before_permutation_1`` with a capacity factor or router padding; core_r0.11.0 waits on the whole stream,
+  ``torch.cuda.current_stream().synchronize()``, at the same points). One wait per MoE layer forward; the
   backward reuses the host lists, so none there. ``moe_pad_expert_input_to_capacity`` (drop and pad to the
   capacity, computed on the host) has no wait; a ``moe_preprocess`` CUDA-graph scope moves the copies to
   ``before_ep_alltoall`` but keeps the wait.
@@ -100,8 +102,11 @@ it, the device runs each kernel only once the host has issued it, until the host
 forward then takes ``max(device_pre, host_pre) + copy + max(h1 + device_post, host_post)`` against
 ``max(device, host)`` without the wait: ``pre`` the norm, router and top-k (and, for ``alltoall``, the host's
 calls issuing the copies, each an eager op), ``post`` the rest of the block, ``h1`` one kernel's host issue (the
-all-to-all's launch), the host seconds shared over the kernels as :func:`attach_host` set them (so CUDA
-graphs shorten both). ``copy`` is one small device-to-host copy: "a cudaMemcpy can incur in a 6-7us overhead"
+all-to-all's launch), the host seconds shared over the kernels as :func:`attach_host` set them. A layer's CUDA
+graph leaves such a block out (its shapes are the host's counts: NVIDIA/Megatron-LM issue #1598, 2025-05-29, a
+maintainer: "the tensor in MoE layer has dynamic shape ... You can partially capture CUDA graph for Attention
+layer"), so under ``cuda_graphs: layer`` it launches eagerly while the attention replays; a whole-step graph
+cannot hold the wait at all, and the reader refuses it. ``copy`` is one small device-to-host copy: "a cudaMemcpy can incur in a 6-7us overhead"
 (NVIDIA/gdrcopy README.md @00cf81f3), 6.5 us, the copies of one wait pipelined behind each other as one. DeepEP's
 wait polls a counter the GPU writes into host memory, not a copy; no figure was found for that latency, so it
 is 0 there (errs fast). The difference is never negative (``max(a, b) + max(c, d) >= max(a + c, b + d)``), so the
@@ -215,16 +220,22 @@ def attach_host(costs: list[PassCost], sh: Shard, *, layer: bool = True) -> None
     modules, from the stack's kernel fusion and CUDA graphs."""
     graphs = sh.cuda_graphs
     fwd_k, bwd_k = host_per_kernel_s(sh)
+    # a block that waits on the host (a dropless MoE block, sync_pre set) has shapes only the host knows, so a
+    # layer's graph leaves it out and it launches eagerly (NVIDIA/Megatron-LM issue #1598, 2025-05-29: "the
+    # tensor in MoE layer has dynamic shape ... You can partially capture CUDA graph for Attention layer")
+    eager = [c for c in costs if c.sync_pre is not None] if graphs == "layer" else []
+    graphed = [c for c in costs if c.sync_pre is None] if eager else costs
     if graphs == "step" or (graphs == "layer" and layer):
         # one replay per layer pass (an eager call and a launch), shared by the layer's blocks; nothing per step
-        share = 0.0 if graphs == "step" else 1.0 / max(1, len(costs))
-        for c in costs:
+        share = 0.0 if graphs == "step" else 1.0 / max(1, len(graphed))
+        for c in graphed:
             c.host_s, c.host_bwd_s = share * EAGER_HOST_FWD_S, share * EAGER_HOST_BWD_S
             for part in c.parts.values():
                 part.host_s = part.host_bwd_s = 0.0
-    else:
+    if eager or not (graphs == "step" or (graphs == "layer" and layer)):
+        launched = eager or costs
         region = COMPILED_REGION_HOST_S / max(1, len(costs)) if sh.kernel_fusion == "compiled" and layer else 0.0
-        for c in costs:
+        for c in launched:
             c.host_s = c.kernels * fwd_k + region
             c.host_bwd_s = 2.0 * c.kernels * bwd_k + region
             for part in c.parts.values():
@@ -244,7 +255,7 @@ def attach_sync(c: PassCost, sh: Shard) -> None:
     device_pre, kernels_pre = c.sync_pre
     per_kernel = c.host_s / c.kernels                   # the host's issue seconds per kernel, as attach_host set
     alltoall = sh.ep_dispatch == "alltoall"
-    copies = MOE_SYNC_COPIES * host_per_kernel_s(sh)[0] if alltoall and sh.cuda_graphs == "none" else 0.0
+    copies = MOE_SYNC_COPIES * host_per_kernel_s(sh)[0] if alltoall and sh.cuda_graphs != "step" else 0.0
     host_pre, host_post = per_kernel * kernels_pre + copies, per_kernel * (c.kernels - kernels_pre)
     device_post = max(0.0, c.device_s - device_pre)
     waited = (max(device_pre, host_pre) + (D2H_COPY_S if alltoall else 0.0)
