@@ -151,3 +151,13 @@ def test_a_whole_step_graph_is_refused_only_where_the_wait_exists():
     padded = _moe(moe_host_sync="per-layer")
     padded["workload"].update(cuda_graphs="step", moe_capacity_factor=1.0, moe_pad_to_capacity=True)
     scenario_from_mapping(padded, catalog=CAT)
+
+
+def test_a_stack_s_wait_under_a_whole_step_graph_names_the_stack():
+    data = {**_moe(), "stack": "megatron-bridge-25.11"}
+    data["workload"]["cuda_graphs"] = "step"
+    with pytest.raises(ConfigError, match=r"parallelism.moe_host_sync: per-layer with workload.cuda_graphs: step.*"
+                                          r"set by stack 'megatron-bridge-25.11'"):
+        scenario_from_mapping(data, file="x.yaml", catalog=CAT)
+    data["parallelism"]["moe_host_sync"] = "none"                 # the file departs from its stack
+    scenario_from_mapping(data, file="x.yaml", catalog=CAT)

@@ -415,7 +415,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             and not workload.moe_pad_to_capacity:
         # the wait is a host call inside each MoE layer: a graph of the whole step cannot hold it (Megatron-LM
         # fused_a2a.py: "not compatible with CUDA graph")
-        raise ps.err("moe_host_sync", f"per-layer with workload.cuda_graphs: step (expected none, or cuda_graphs "
+        raise ps.err("moe_host_sync", "per-layer with workload.cuda_graphs: step (expected none, or cuda_graphs "
                      "none or layer: a whole-step CUDA graph cannot capture the host's wait for each MoE layer's "
                      "token counts)")
     act_fp8 = ps.boolean("activation_fp8_input", False)
