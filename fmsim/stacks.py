@@ -44,6 +44,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.activation_fp8_input": "training",
     "parallelism.cp_comm": "training",
     "parallelism.ep_dispatch": "training",
+    "parallelism.moe_host_sync": "training",
     "parallelism.order": "training",
     "parallelism.overlap.grad_reduce": "training",
     "parallelism.overlap.param_gather": "training",

@@ -70,6 +70,48 @@ Host cost per kernel (published microbenchmarks, never a training-speed row):
   each kernel (``kernels.KERNEL_FIXED_S``) stays: a graph removes the host's work, not the kernel's fill and
   tail (facebookresearch/sam2 issue #768, A6000: the same 1,172 kernels busy the GPU 6.67 ms under a graph
   against 7.27 ms eager, while the wall time fell from 53.7 to 11.98 ms).
+
+The host synchronisation of dropless MoE (``parallelism.moe_host_sync``, :func:`attach_sync`). Megatron-Core's
+dispatchers need each MoE layer's token counts on the host: the all-to-all's split sizes and the grouped GEMM's
+per-expert ``m_splits`` are host lists. Read at the commits the stacks name (NVIDIA/Megatron-LM
+megatron/core/transformer/moe/token_dispatcher.py and fused_a2a.py at 791b70e0 and 3cdfd613, the megatron-lm refs
+of NeMo v2.2.0 and v2.3.0's requirements/manifest.json (core_r0.11.0, core_r0.12.0: NeMo 25.02, 25.04), at
+core_v0.14.0, core_v0.15.0rc6 -- the version Megatron-Bridge f9aad1f3's uv.lock pins -- 0d8e0714, Megatron-Bridge
+v0.2.0's submodule, and 3097d81d, 26.04's):
+
+* ``alltoall`` dispatcher, dropless: ``preprocess`` computes the counts on the device (and all-gathers them over
+  TP x EP); ``_maybe_dtoh_and_synchronize`` copies them (``tokens_per_expert``, ``input_splits``,
+  ``output_splits``, ``output_splits_tp``, and ``num_global_tokens_per_local_expert`` without permute fusion)
+  with ``.to("cpu", non_blocking=True)`` on a side stream at ``before_permutation_1`` and waits on the copies'
+  event (``d2h_event.synchronize()``) at ``before_ep_alltoall`` (EP > 1 or TP > 1; ``before_finish`` otherwise;
+  ``before_permutation_1`` with a capacity factor or router padding; core_r0.11.0 waits on the whole stream,
+  ``torch.cuda.current_stream().synchronize()``, at the same points). One wait per MoE layer forward; the
+  backward reuses the host lists, so none there. ``moe_pad_expert_input_to_capacity`` (drop and pad to the
+  capacity, computed on the host) has no wait; a ``moe_preprocess`` CUDA-graph scope moves the copies to
+  ``before_ep_alltoall`` but keeps the wait.
+* ``flex`` dispatcher with DeepEP: ``FusedDispatch.forward`` notes "the CPU will wait for GPU's signal to arrive,
+  so this is not compatible with CUDA graph" (DeepEP's ``Buffer.dispatch`` returns the received counts as a
+  host list); the backward runs with the cached handle and does not wait. HybridEP dropless waits the same way
+  (``num_dispatched_tokens`` None: "will cause a CPU sync"). DeepEP refuses drop-and-pad
+  (transformer_config.py ``__post_init__``).
+* ``allgather`` dispatcher: ``tokens_per_expert = local_map.sum(dim=0).long().cpu()``, a blocking copy.
+
+Pricing, from the host model above, with nothing fitted: at the wait the host stops issuing until the device
+has run everything before the copies and the copy has landed, so what the host had queued ahead is gone; after
+it, the device runs each kernel only once the host has issued it, until the host is ahead again. The block's
+forward then takes ``max(device_pre, host_pre) + copy + max(h1 + device_post, host_post)`` against
+``max(device, host)`` without the wait: ``pre`` the norm, router and top-k (and, for ``alltoall``, the host's
+calls issuing the copies, each an eager op), ``post`` the rest of the block, ``h1`` one kernel's host issue (the
+all-to-all's launch), the host seconds shared over the kernels as :func:`attach_host` set them. A layer's CUDA
+graph leaves such a block out (its shapes are the host's counts: NVIDIA/Megatron-LM issue #1598, 2025-05-29, a
+maintainer: "the tensor in MoE layer has dynamic shape ... You can partially capture CUDA graph for Attention
+layer"), so under ``cuda_graphs: layer`` it launches eagerly while the attention replays; a whole-step graph
+cannot hold the wait at all, and the reader refuses it. ``copy`` is one small device-to-host copy: "a cudaMemcpy can incur in a 6-7us overhead"
+(NVIDIA/gdrcopy README.md @00cf81f3), 6.5 us, the copies of one wait pipelined behind each other as one. DeepEP's
+wait polls a counter the GPU writes into host memory, not a copy; no figure was found for that latency, so it
+is 0 there (errs fast). The difference is never negative (``max(a, b) + max(c, d) >= max(a + c, b + d)``), so the
+wait never shortens a step; the recompute of a checkpointed MoE block waits again (its forward re-runs the
+dispatcher).
 """
 from __future__ import annotations
 
@@ -79,7 +121,8 @@ if TYPE_CHECKING:
     from .architecture import ModelSpec
     from .ops import PassCost, Roofline, Shard
 
-__all__ = ["CUDA_GRAPHS", "KERNEL_FUSIONS", "add_extra", "add_norm_part", "attach_host", "host_per_kernel_s"]
+__all__ = ["CUDA_GRAPHS", "D2H_COPY_S", "KERNEL_FUSIONS", "MOE_SYNC_COPIES", "add_extra", "add_norm_part",
+           "attach_host", "attach_sync", "host_per_kernel_s"]
 
 #: fused: Transformer Engine / Megatron-Core fused kernels | compiled: torch.compile (Inductor) | eager: every op
 #: its own ATen kernel, the norm one ATen kernel (PyTorch >= 2.9 RMSNorm, LayerNorm) | eager-composite-norm: the
@@ -97,6 +140,15 @@ EAGER_HOST_BWD_S = 1.0e-6 + 3.0e-6
 COMPILED_HOST_S = 9.1e-6
 #: Inductor's per-call cost of a compiled region beyond its kernels (42.4 us e2e - 9.1 us: tritonbench PR #1017)
 COMPILED_REGION_HOST_S = 42.4e-6 - 9.1e-6
+
+#: one small device-to-host copy's overhead: "a cudaMemcpy can incur in a 6-7us overhead" (NVIDIA/gdrcopy
+#: README.md @00cf81f3), the middle of that range
+D2H_COPY_S = 6.5e-6
+#: the counts Megatron-Core's alltoall dispatcher copies to the host before its wait (tokens_per_expert,
+#: input_splits, output_splits, output_splits_tp; token_dispatcher.py _maybe_dtoh_and_synchronize @0d8e0714),
+#: each an eager ``.to("cpu", non_blocking=True)``; num_global_tokens_per_local_expert only without permute
+#: fusion, not counted
+MOE_SYNC_COPIES = 4
 
 #: bytes per element moved by the norm written as torch ops (module docstring) and by one fused norm kernel
 COMPOSITE_NORM_BYTES, FUSED_NORM_BYTES = 40.0, 4.0
@@ -168,18 +220,47 @@ def attach_host(costs: list[PassCost], sh: Shard, *, layer: bool = True) -> None
     modules, from the stack's kernel fusion and CUDA graphs."""
     graphs = sh.cuda_graphs
     fwd_k, bwd_k = host_per_kernel_s(sh)
+    # a block that waits on the host (a dropless MoE block, sync_pre set) has shapes only the host knows, so a
+    # layer's graph leaves it out and it launches eagerly (NVIDIA/Megatron-LM issue #1598, 2025-05-29: "the
+    # tensor in MoE layer has dynamic shape ... You can partially capture CUDA graph for Attention layer")
+    eager = [c for c in costs if c.sync_pre is not None] if graphs == "layer" else []
+    graphed = [c for c in costs if c.sync_pre is None] if eager else costs
     if graphs == "step" or (graphs == "layer" and layer):
         # one replay per layer pass (an eager call and a launch), shared by the layer's blocks; nothing per step
-        share = 0.0 if graphs == "step" else 1.0 / max(1, len(costs))
-        for c in costs:
+        share = 0.0 if graphs == "step" else 1.0 / max(1, len(graphed))
+        for c in graphed:
             c.host_s, c.host_bwd_s = share * EAGER_HOST_FWD_S, share * EAGER_HOST_BWD_S
             for part in c.parts.values():
                 part.host_s = part.host_bwd_s = 0.0
-        return
-    region = COMPILED_REGION_HOST_S / max(1, len(costs)) if sh.kernel_fusion == "compiled" and layer else 0.0
+    if eager or not (graphs == "step" or (graphs == "layer" and layer)):
+        launched = eager or costs
+        region = COMPILED_REGION_HOST_S / max(1, len(costs)) if sh.kernel_fusion == "compiled" and layer else 0.0
+        for c in launched:
+            c.host_s = c.kernels * fwd_k + region
+            c.host_bwd_s = 2.0 * c.kernels * bwd_k + region
+            for part in c.parts.values():
+                part.host_s = part.kernels * fwd_k
+                part.host_bwd_s = 2.0 * part.kernels * bwd_k
     for c in costs:
-        c.host_s = c.kernels * fwd_k + region
-        c.host_bwd_s = 2.0 * c.kernels * bwd_k + region
-        for part in c.parts.values():
-            part.host_s = part.kernels * fwd_k
-            part.host_bwd_s = 2.0 * part.kernels * bwd_k
+        attach_sync(c, sh)
+
+
+def attach_sync(c: PassCost, sh: Shard) -> None:
+    """Set ``c.sync_s``, what the host's wait for a dropless MoE block's token counts adds to its forward
+    (module docstring), from ``c.sync_pre`` (the device seconds and kernels before the wait, set by
+    ``ops.moe_mlp_forward`` under ``moe_host_sync: per-layer``) and the host seconds :func:`attach_host` set.
+    A checkpointed block's recompute (its ``moe`` part) waits as much again."""
+    if c.sync_pre is None or c.kernels <= 0:
+        return
+    device_pre, kernels_pre = c.sync_pre
+    per_kernel = c.host_s / c.kernels                   # the host's issue seconds per kernel, as attach_host set
+    alltoall = sh.ep_dispatch == "alltoall"
+    copies = MOE_SYNC_COPIES * host_per_kernel_s(sh)[0] if alltoall and sh.cuda_graphs != "step" else 0.0
+    host_pre, host_post = per_kernel * kernels_pre + copies, per_kernel * (c.kernels - kernels_pre)
+    device_post = max(0.0, c.device_s - device_pre)
+    waited = (max(device_pre, host_pre) + (D2H_COPY_S if alltoall else 0.0)
+              + max(per_kernel + device_post, host_post))
+    c.sync_s = max(0.0, waited - max(device_pre + device_post, host_pre + host_post))
+    part = c.parts.get("moe")
+    if part is not None:
+        part.sync_s = c.sync_s

@@ -75,6 +75,7 @@ class Shard:
     #: how the local experts' GEMMs run: multi-stream (Transformer Engine's GroupedLinear, one cuBLAS GEMM
     #: per expert on 4 streams: Megatron-Core's TEGroupedMLP) | fused (one grouped kernel for all experts)
     moe_grouped_gemm: str = "multi-stream"
+    moe_host_sync: str = "none"      # none | per-layer: each MoE forward waits for its token counts (fusion.attach_sync)
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input
@@ -140,13 +141,23 @@ class PassCost:
     #: seconds the host takes to issue the pass's kernels, and (set beside a forward) its backward's (fusion.py)
     host_s: float = 0.0
     host_bwd_s: float = 0.0
+    #: seconds a host synchronisation inside the pass adds (a dropless MoE block's token counts, fusion.attach_sync),
+    #: and the (device seconds, kernels) of the pass that come before it, set where the pass has one
+    sync_s: float = 0.0
+    sync_pre: tuple[float, float] | None = None
+
+    @property
+    def device_s(self) -> float:
+        """The device's seconds: the kernels' roofline time and each kernel's fixed cost."""
+        return (self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.cast_s
+                + self.kernels * KERNEL_FIXED_S)
 
     @property
     def compute_s(self) -> float:
-        """The device's seconds, or the host's where issuing the kernels takes longer (fusion.attach_host)."""
-        device = (self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.cast_s
-                  + self.kernels * KERNEL_FIXED_S)
-        return device if device >= self.host_s else self.host_s
+        """The device's seconds, or the host's where issuing the kernels takes longer (fusion.attach_host),
+        and what a host synchronisation adds (fusion.attach_sync)."""
+        device = self.device_s
+        return (device if device >= self.host_s else self.host_s) + self.sync_s
 
     def add(self, other: PassCost, times: float = 1.0) -> None:
         self.gemm_s += other.gemm_s * times
@@ -159,6 +170,7 @@ class PassCost:
         self.adapter_bwd_s += other.adapter_bwd_s * times
         self.host_s += other.host_s * times
         self.host_bwd_s += other.host_bwd_s * times
+        self.sync_s += other.sync_s * times
         self.cast_s += other.cast_s * times
         self.cast_bwd_s += other.cast_bwd_s * times
         for _ in range(round(times)):
@@ -743,6 +755,10 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     etp = sh.expert_tp
     seq_shard = t if sh.sequence_parallel else 1
     _gemm(c, rf, T / seq_shard, m.experts, h)                  # router on the local tokens
+    if sh.moe_host_sync == "per-layer":
+        # what the device runs before the host waits for the token counts (fusion.attach_sync): the norm,
+        # the router, its top-k; the copies to the host follow them
+        c.sync_pre = (c.device_s + rf.memory(T * 2 * h / seq_shard) + 2 * KERNEL_FIXED_S, c.kernels + 2)
     tokens_in = T * etp / t
     mean_rows = tokens_in * m.top_k                              # token-expert pairs of a balanced rank
     # the busiest EP rank sets the pace (every rank meets it at the combine): its rows, uneven routing,

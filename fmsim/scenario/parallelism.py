@@ -35,6 +35,11 @@ EP_DISPATCHES = ("alltoall", "deepep")
 #: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
 #: fused, one grouped kernel for every expert (DeepGEMM, CUTLASS grouped GEMM)
 MOE_GROUPED_GEMMS = ("multi-stream", "fused")
+#: whether a dropless MoE layer's forward waits on the host for its token counts (fmsim.model.fusion
+#: attach_sync): per-layer (Megatron-Core's dropless dispatchers: the counts are copied to the host for the
+#: all-to-all's split sizes and the grouped GEMM's, once per MoE layer forward) or none (capacity padding,
+#: a device-side path, or a stack that was not read)
+MOE_HOST_SYNCS = ("none", "per-layer")
 #: how ZeRO-3 brings a unit's weights in (fmsim.parallel.zero3): unit (one gather per transformer layer on a
 #: stream of its own, prefetched a task ahead: PyTorch FSDP) or deepspeed (DeepSpeed's
 #: PartitionedParameterCoordinator of v0.3.12-v0.5.x: one gather per weight tensor as its submodule is
@@ -77,6 +82,7 @@ PARALLELISM_KEYS = (
     "cp_comm",
     "ep_dispatch",
     "moe_grouped_gemm",
+    "moe_host_sync",
     "param_fetch",
     "grad_reduce_op",
     "overlap",
@@ -173,6 +179,7 @@ class Parallelism:
     # token crosses the scale-out network once per destination node, at the NIC's line rate)
     ep_dispatch: str = "alltoall"
     moe_grouped_gemm: str = "multi-stream"   # MOE_GROUPED_GEMMS
+    moe_host_sync: str = "none"              # MOE_HOST_SYNCS
     param_fetch: str = "unit"                # PARAM_FETCHES (ZeRO-3 only)
     # GRAD_REDUCE_OPS; unstated: reduce-scatter with ZeRO, all-reduce without (default_grad_reduce_op;
     # "" on a record built by hand: the same rule)
@@ -425,6 +432,14 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
             raise ps.err("offload_activations", f"{cluster.instance.name}: the catalog has no host link bandwidth "
                          f"for {cluster.instance.accelerator.name} (expected an accelerator with host_link in "
                          "hardware_catalog/accelerators.yaml, or offload_activations: 0)")
+    host_sync = ps.choice("moe_host_sync", MOE_HOST_SYNCS, "none")
+    if host_sync == "per-layer" and model.moe is not None and workload.cuda_graphs == "step" \
+            and not workload.moe_pad_to_capacity:
+        # the wait is a host call inside each MoE layer: a graph of the whole step cannot hold it (Megatron-LM
+        # fused_a2a.py: "not compatible with CUDA graph")
+        raise ps.err("moe_host_sync", "per-layer with workload.cuda_graphs: step (expected none, or cuda_graphs "
+                     "none or layer: a whole-step CUDA graph cannot capture the host's wait for each MoE layer's "
+                     "token counts)")
     act_fp8 = ps.boolean("activation_fp8_input", False)
     if act_fp8 and workload.precision not in LOW_PRECISIONS:
         raise ps.err("activation_fp8_input", f"true with workload.precision {workload.precision} (expected an fp8 or "
@@ -473,6 +488,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),
         moe_grouped_gemm=ps.choice("moe_grouped_gemm", MOE_GROUPED_GEMMS, "multi-stream"),
+        moe_host_sync=host_sync,
         param_fetch=(fetch := _param_fetch(ps, model, zero=zero, pp=pp, vpp=vpp)),
         grad_reduce_op=_grad_reduce_op(ps, zero=zero, fetch=fetch),
         overlap=overlap,

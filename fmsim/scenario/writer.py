@@ -90,6 +90,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
         **({"moe_grouped_gemm": par.moe_grouped_gemm} if par.moe_grouped_gemm != "multi-stream" else {}),
+        **({"moe_host_sync": par.moe_host_sync} if par.moe_host_sync != "none" else {}),
         **({"param_fetch": par.param_fetch} if par.param_fetch != "unit" else {}),
         **({"grad_reduce_op": par.grad_reduce_op} if par.grad_reduce_op not in ("", default_grad_reduce_op(par.zero)) else {}),
         "overlap": {
