@@ -212,6 +212,13 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     def d(col: str) -> str | None:
         return None if b is None else widgets.delta(b.get(col), r.get(col))
 
+    bad = logic.infeasible_reason(r)
+    if bad:
+        widgets.infeasible_banner(bad)
+    why_grey = logic.greyed_reason(r, b)     # a plan that cannot run (or a base that cannot): no "better"
+    grey = bool(why_grey)
+    if grey and not bad:
+        widgets.base_infeasible_caption(why_grey)
     pools = r.details.get("pools") or {}
     pool_text = " · ".join(f"{k}: {v.get('gpus')} GPUs" for k, v in pools.items())
     st.markdown(
@@ -221,7 +228,8 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     )
     c = st.columns(4)
     widgets.metric(
-        c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True
+        c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True,
+        infeasible=grey,
     )
     widgets.metric(
         c[1],
@@ -230,6 +238,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("generation_s"),
         lower_is_better=True,
         help="the step waits for its longest response",
+        infeasible=grey,
     )
     widgets.metric(
         c[2],
@@ -237,6 +246,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m.get("tokens_per_s_per_gpu")),
         d("tokens_per_s_per_gpu"),
         help="NeMo RL's: training tokens per step / step time / every GPU",
+        infeasible=grey,
     )
     widgets.metric(
         c[3],
@@ -245,6 +255,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("usd_per_step"),
         lower_is_better=True,
         help=f"{m.get('pricing_option', '')} price dated {r.price_date or '-'}",
+        infeasible=grey,
     )
     c = st.columns(4)
     widgets.metric(
@@ -253,6 +264,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_usd(m.get("usd_per_million_trained_tokens")),
         d("usd_per_million_trained_tokens"),
         lower_is_better=True,
+        infeasible=grey,
     )
     widgets.metric(
         c[1],
@@ -261,14 +273,17 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("time_to_train_s"),
         lower_is_better=True,
         help="rl.steps x the step, plus every validation and checkpoint the run reaches",
+        infeasible=grey,
     )
-    widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True)
+    widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True,
+                   infeasible=grey)
     widgets.metric(
         c[3],
         "Generation / training busy",
         f"{logic.fmt_pct(m.get('generation_utilization'))} / {logic.fmt_pct(m.get('training_utilization'))}",
         d("generation_utilization"),
         help="share of the step each pool is busy",
+        infeasible=grey,
     )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")

@@ -442,6 +442,11 @@ def infeasible_banner(reason: str) -> None:
     )
 
 
+def base_infeasible_caption(reason: str) -> None:
+    """Said above the figures when the base (not the what-if) cannot run: its changes are greyed."""
+    st.caption(f"Changes greyed: {logic.md_escape(reason)}.")
+
+
 def delta(base: Any, new: Any) -> str | None:
     """The metric delta against the base scenario (None when equal or not comparable)."""
     text = logic.delta_text(base, new)

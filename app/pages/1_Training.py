@@ -338,6 +338,9 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     bad = logic.infeasible_reason(r)
     if bad:
         widgets.infeasible_banner(bad)
+    grey = logic.greyed_reason(r, b)  # the what-if's or the base's plan cannot run: no change is "better"
+    if grey and not bad:
+        widgets.base_infeasible_caption(grey)
     if not m.get("fits", True):
         widgets.show_error(
             f"Does not fit in memory: {logic.fmt_bytes(m['memory_per_gpu_bytes'])} per GPU needed, "
@@ -347,7 +350,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     c = widgets.metric_columns(8)
     widgets.metric(
         c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[1],
@@ -355,7 +358,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_pct(m["mfu"]),
         d("mfu"),
         help=logic.mfu_help(r),
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[2],
@@ -363,7 +366,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m["tokens_per_s"]),
         d("tokens_per_s"),
         help=f"{m['tokens_per_s_per_gpu']:,.0f} per GPU",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     over = logic.over_hbm(m)
     widgets.metric(
@@ -373,7 +376,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"+{logic.fmt_bytes(over)} over HBM" if over else d("memory_per_gpu_bytes"),
         lower_is_better=True,  # over HBM: a red rise
         help="needed on the fullest pipeline stage / HBM of one GPU",
-        infeasible=bool(bad) and not over,
+        infeasible=bool(grey) and not over,
     )
     widgets.metric(
         c[4],
@@ -381,7 +384,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[5],
@@ -390,7 +393,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("cost_usd"),
         lower_is_better=True,
         help=f"{m.get('pricing_option')} price of {r.price_date or 'no date'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[6],
@@ -399,11 +402,11 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("usd_per_hour", lambda x: x.usd_per_hour),
         lower_is_better=True,
         help=f"{m.get('pricing_option')}, price dated {r.price_date or '-'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[7], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")

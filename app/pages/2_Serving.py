@@ -293,6 +293,10 @@ def render(
     bad = logic.infeasible_reason(r, offered, saturation)
     if bad:
         widgets.infeasible_banner(bad)
+    grey = logic.greyed_reason(r, b, offered, saturation,
+                               base.offered_requests_per_s if base is not None else None)
+    if grey and not bad:
+        widgets.base_infeasible_caption(grey)
     if m.get("slo_met") is False:
         st.warning(
             "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
@@ -308,7 +312,7 @@ def render(
         d("ttft_p99_s"),
         lower_is_better=True,
         help="time to first token; the delta is of p99",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[1],
@@ -317,7 +321,7 @@ def render(
         d("tpot_p50_s"),
         lower_is_better=True,
         help="time per output token; the delta is of p50",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[2],
@@ -325,7 +329,7 @@ def render(
         logic.fmt_pair(m.get("e2e_p50_s"), m.get("e2e_p99_s")),
         d("e2e_p99_s"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[3],
@@ -333,7 +337,7 @@ def render(
         logic.fmt_count(m.get("output_tokens_per_s")),
         d("output_tokens_per_s"),
         help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[4],
@@ -342,7 +346,7 @@ def render(
         d("requests_per_s"),
         help="requests completed per second: by the simulation, over the whole simulated run (its fill and "
         "drain included); by the estimate, at the offered rate up to saturation",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[5],
@@ -351,7 +355,7 @@ def render(
         d("usd_per_million_output_tokens"),
         lower_is_better=True,
         help=f"{r.details.get('pricing_option', '')} price dated {r.price_date or '-'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[6],
@@ -359,7 +363,7 @@ def render(
         logic.fmt_usd(m.get("usd_per_query")),
         d("usd_per_query"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     kv = m.get("kv_utilization_mean")
     peak = m.get("kv_utilization_peak")
@@ -369,7 +373,7 @@ def render(
         f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
         d("kv_utilization_mean"),
         help="share of the KV-cache blocks in use",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")
