@@ -53,3 +53,20 @@ def test_a_plan_over_memory_never_ranks_wins_or_makes_the_frontier():
     assert goal_order([fast_oom, ok]) == [ok]
     assert goal_order([fast_oom, ok], deadline_s=10.0) == [ok]
     assert pareto_frontier([fast_oom, ok]) == [ok]
+
+
+def test_a_scenario_name_that_a_spreadsheet_would_run_is_written_as_text(tmp_path, capsys):
+    """CSV injection: the budgeting sheet opens the CSV, and a name is the user's own text."""
+    import csv
+
+    out = tmp_path / "run.csv"
+    rc = main(["run", EXAMPLE, "--estimate", "--set", """name='=HYPERLINK("http://x","y")'""", "--csv", str(out)])
+    capsys.readouterr()
+    assert rc == 0
+    with out.open() as fh:
+        row = next(csv.DictReader(fh))
+    assert row["scenario"] == "'=HYPERLINK(\"http://x\",\"y\")" and row["step_time_s"][0].isdigit()
+    from fmsim.export import csv_cell
+
+    assert [csv_cell(v) for v in ("+1", "-x", "@a", "\tb", "plain", -1.5, -2)] == \
+        ["'+1", "'-x", "'@a", "'\tb", "plain", "-1.5", "-2"]     # numbers stay numbers

@@ -162,6 +162,28 @@ def test_every_field_of_an_example_mutated_gives_a_result_or_a_located_error(pat
     assert grown < MEMORY_BOUND, f"the mutants raised the peak memory by {grown / 2**20:.0f} MiB"
 
 
+@pytest.mark.parametrize("name", ["llama3-70b-p5", "serving-deepseek-v3-ep-p6-b200"])
+def test_every_field_of_an_inline_model_mutated_gives_a_result_or_a_located_error(name):
+    """The example's catalog model written inline (dense GQA; MLA with experts), each architecture field
+    mutated: a 10^20-wide layer made a 10^20-element bucket list before the bounds."""
+    path = EXAMPLES[0].parent / f"{name}.yaml"
+    with path.open(encoding="utf-8") as fh:
+        base = yaml.safe_load(fh)
+    base.pop("expect", None)
+    model = CATALOG.model(base["workload"]["model"]).to_mapping()
+    model.pop("source", None)
+    base["workload"]["model"] = model
+    file = str(path.relative_to(ROOT))
+    assert outcome(copy.deepcopy(base), file, simulate=False) == ""
+    bugs = []
+    for what, doc in mutants({"model": model}):
+        mutated = {**copy.deepcopy(base), "workload": {**base["workload"], "model": doc.get("model")}}
+        problem = outcome(mutated, file, simulate=False)
+        if problem:
+            bugs.append(f"workload.{what}: {problem}")
+    assert bugs == []
+
+
 def test_the_unmutated_examples_give_results_so_the_table_tests_the_mutations():
     for path in EXAMPLES:
         with path.open(encoding="utf-8") as fh:
@@ -190,6 +212,22 @@ def test_a_size_no_run_could_need_is_refused_with_its_limit(override, field, rul
     with pytest.raises(ConfigError) as info:
         sc = load_scenario(SERVING, overrides=override)
         check_sections(sc)
+    assert info.value.field == field and rule in info.value.message, str(info.value)
+
+
+@pytest.mark.parametrize("override, field, rule", [
+    ({"workload.lora": {"rank": 2**40}}, "workload.lora.rank", "8,192"),        # was a MemoryError
+    ({"parallelism.grad_bucket": 1_000_000, "workload.model": {
+        "name": "wide", "layers": 4096, "hidden": 8192, "heads": 64, "kv_heads": 8, "ffn_hidden": 28672,
+        "vocab": 128256}}, "parallelism.grad_bucket", "10,000"),               # 80,000 engine jobs a pass
+    ({"workload.model": {"name": "deep", "layers": 10**8, "hidden": 8192, "heads": 64, "vocab": 32000}},
+     "workload.model.layers", "4,096"),                                         # ran past two minutes
+    ({"workload.model": {"name": "vast", "layers": 800, "hidden": 200_000, "heads": 800, "vocab": 32000}},
+     "workload.model", "parameters"),
+])
+def test_a_training_size_no_run_could_need_is_refused_with_its_limit(override, field, rule):
+    with pytest.raises(ConfigError) as info:
+        fmsim.estimate(load_scenario(EXAMPLES[0].parent / "llama3-70b-p5.yaml", overrides=override))
     assert info.value.field == field and rule in info.value.message, str(info.value)
 
 
