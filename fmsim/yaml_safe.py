@@ -2,7 +2,10 @@
 (``hardware_catalog/``, ``model_catalog/``, ``stack_catalog/``) alike: duplicate keys, tags, NUL bytes,
 alias bombs, deep nesting and oversize files are refused before anything is built (:func:`load_yaml_text`,
 :func:`_read_text`, :func:`read_yaml_file`), each with a located :class:`~fmsim.errors.ConfigError`.
-Owns the input size limits (``MAX_FILE_BYTES`` and the rest). Data layer: imports only ``fmsim.errors``.
+Owns the input size limits (``MAX_FILE_BYTES`` and the rest) and :func:`decode_text` (a file's or an
+upload's bytes as text). libyaml scans and parses when PyYAML has it (a 0.8 MB file: 1 s, not 17 s); PyYAML's
+Python composer and safe constructor build the document either way, so every check sees every node.
+Data layer: imports only ``fmsim.errors``.
 """
 
 from __future__ import annotations

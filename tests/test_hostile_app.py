@@ -159,3 +159,39 @@ def test_the_training_page_greys_a_faster_plan_that_does_not_fit():
     assert step.delta.startswith("-") and step.proto.color == step.proto.MetricColor.GRAY   # faster, greyed
     assert all(m.proto.color != m.proto.MetricColor.GREEN for m in at.metric)
     assert any("Infeasible plan" in e.value for e in at.error)
+
+
+def _upload(at, key: str, example: str, edit) -> None:
+    doc = yaml.safe_load((EXAMPLES / example).read_text(encoding="utf-8"))
+    doc.pop("expect", None)
+    edit(doc)
+    at.file_uploader(key=key).set_value(("edited.yaml", yaml.safe_dump(doc).encode(), "application/x-yaml")).run()
+
+
+def test_a_file_value_past_a_knobs_range_widens_the_knob_instead_of_raising():
+    """The reader allows a 10-day checkpoint interval and a 1 EiB file system; the storage panel's knobs
+    stopped at 10,000 minutes and 100,000 TiB and raised (a traceback under the page's figures)."""
+    at = open_page("1_Training.py")
+    _upload(at, "train.upload", "llama3.1-405b-p5en-storage.yaml",
+            lambda d: (d["checkpoint"].update(every="10 d"), d["cluster"]["storage"].update(capacity="1 EiB")))
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Goodput" in [m.label for m in at.metric]             # the panel drew its figures
+
+
+def test_an_rl_group_past_the_knobs_range_runs_as_the_file_says():
+    """2,048 samples a prompt (the reader takes up to 4,096): the group-size knob stopped at 1,024 and the
+    page reported an error the file does not have."""
+    at = open_page("5_RL.py")
+
+    def big_group(d):
+        d["rl"].update(samples_per_prompt=2048, prompts=1, train_global_batch=2048)
+
+    _upload(at, "rl.upload", "rl-grpo-qwen3-32b-p5en.yaml", big_group)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.number_input(key="rl.samples_per_prompt").value == 2048
+
+
+def test_the_compare_page_sends_an_rl_scenario_to_the_rl_page():
+    """It was run as training and told to open on the Serving page."""
+    out = logic.run_any((EXAMPLES / "rl-grpo-qwen3-32b-p5en.yaml").read_text(), "rl.yaml", engine="analytical")
+    assert not out.ok and located(out, "rl.yaml") == "" and out.hint == "Open this scenario on the RL page."

@@ -712,6 +712,9 @@ def run_any(
         return failure(exc, file=file)
     if sc.workload.kind in SERVING_KINDS:
         return run_serving(text, file, engine=engine)
+    if sc.workload.kind == "rl":   # the Compare table holds training and serving figures; RL has its page
+        return Outcome(error=f"{file}: workload.kind: rl is not a training or serving kind",
+                       error_kind="KindError", hint="Open this scenario on the RL page.")
     return run_training(text, file, engine=engine, des_job_limit=des_job_limit)
 
 

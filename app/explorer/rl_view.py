@@ -122,7 +122,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
     sb.text_input("What-if name", key=f"{P}.name")
-    sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    widgets.number_knob(sb, "Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     sb.markdown("**Placement**")
     sb.radio(
         "Generation and training",
@@ -133,8 +133,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     disagg = ss[f"{P}.placement"] == "disaggregated"
     c1, c2 = sb.columns(2)
-    c1.number_input(
-        "Generation nodes",
+    widgets.number_knob(c1, "Generation nodes",
         min_value=1,
         max_value=100_000,
         step=1,
@@ -142,8 +141,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
         disabled=not disagg,
         help="the rest of the nodes train",
     )
-    c2.number_input(
-        "Off-policy depth",
+    widgets.number_knob(c2, "Off-policy depth",
         min_value=0,
         max_value=8,
         step=1,
@@ -156,9 +154,8 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     sb.markdown("**Rollouts**")
     c1, c2 = sb.columns(2)
-    c1.number_input("Prompts per step", min_value=1, max_value=100_000, step=1, key=f"{P}.prompts")
-    c2.number_input(
-        "Group size",
+    widgets.number_knob(c1, "Prompts per step", min_value=1, max_value=100_000, step=1, key=f"{P}.prompts")
+    widgets.number_knob(c2, "Group size",
         min_value=1,
         max_value=1024,
         step=1,
@@ -172,8 +169,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     c1, c2 = sb.columns(2)
     lognormal = "lognormal" in str(ss[f"{P}.response_len"])
-    c1.number_input(
-        "Tail (lognormal sigma)",
+    widgets.number_knob(c1, "Tail (lognormal sigma)",
         min_value=0.0,
         max_value=3.0,
         step=0.1,
@@ -181,16 +177,15 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
         disabled=not lognormal,
         help="the spread of log response length: the long tail",
     )
-    c2.number_input(
-        "Max response (0 = none)",
+    widgets.number_knob(c2, "Max response (0 = none)",
         min_value=0,
         max_value=1_000_000,
         step=256,
         key=f"{P}.max_response_len",
         help="responses are cut here",
     )
-    sb.number_input(
-        "RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50, key=f"{P}.steps"
+    widgets.number_knob(sb, "RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50,
+                        key=f"{P}.steps"
     )
 
 

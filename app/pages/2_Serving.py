@@ -171,10 +171,11 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb.markdown("**Cluster and parallelism**")
     sb.selectbox("Instance type", sorted(cat.instances), key=f"{P}.instance")
     c1, c2 = sb.columns(2)
-    c1.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
-    c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
+    widgets.number_knob(c1, "Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    widgets.number_knob(c2, "Replicas (0 = auto)", min_value=0, max_value=100_000, step=1,
+                        key=f"{P}.replicas")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
-    sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    widgets.number_knob(sb, "Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
     widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Traffic**")
     sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
@@ -186,16 +187,15 @@ def draw_knobs(defaults: dict, cat) -> None:
         disabled=arrival in ("closed-loop", "offline"),
         help="requests per second: 12, '12/s', '600/min'",
     )
-    c2.number_input(
-        "Clients",
+    widgets.number_knob(c2, "Clients",
         min_value=0,
         step=1,
         key=f"{P}.concurrency",
         disabled=arrival != "closed-loop",
         help="closed-loop clients",
     )
-    sb.number_input(
-        "Requests simulated (0 = the scenario's default)", min_value=0, step=100, key=f"{P}.requests"
+    widgets.number_knob(sb, "Requests simulated (0 = the scenario's default)", min_value=0, step=100,
+                        key=f"{P}.requests"
     )
     sb.text_input(
         "Prompt length (tokens)",
@@ -209,10 +209,9 @@ def draw_knobs(defaults: dict, cat) -> None:
     c2.text_input("TPOT p50 ≤", key=f"{P}.tpot_p50", help="e.g. 50 ms; empty for none")
     sb.markdown("**Test-time compute**")
     c1, c2 = sb.columns(2)
-    c1.number_input("Samples per prompt", min_value=1, max_value=1024, step=1, key=f"{P}.samples")
+    widgets.number_knob(c1, "Samples per prompt", min_value=1, max_value=1024, step=1, key=f"{P}.samples")
     c2.selectbox("Strategy", widgets.with_options(STRATEGIES, defaults["strategy"]), key=f"{P}.strategy")
-    sb.number_input(
-        "Revision rounds",
+    widgets.number_knob(sb, "Revision rounds",
         min_value=1,
         max_value=64,
         step=1,
