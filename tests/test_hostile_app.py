@@ -119,10 +119,18 @@ def fake(**metrics):
     (fake(fits=True), fake(fits=False), "the base cannot run as asked (it does not fit in memory)"),
     (fake(slo_met=True), fake(rejected_requests=5), "the base cannot run as asked (it is overloaded"),
     (fake(fits=False), fake(fits=False), "the what-if cannot run"),
+    (fake(fits=True, goodput=0.0), fake(fits=True, goodput=0.95), "the run never finishes"),
 ])
 def test_changes_are_greyed_when_either_plan_cannot_run(what_if, base, says):
     got = logic.greyed_reason(what_if, base)
     assert (got == "") if not says else (says in got), got
+
+
+def test_a_run_that_never_finishes_is_infeasible_by_the_simulator_itself():
+    """Checkpoints every 1e9 h: every interruption loses the run, goodput 0 and no time to train."""
+    res = fmsim.estimate(fmsim.load_scenario(EXAMPLES / "llama3.1-405b-p5en-storage.yaml",
+                                             overrides={"checkpoint.every": "1e9 h"}))
+    assert res.metrics["goodput"] == 0 and "never finishes" in logic.infeasible_reason(res)
 
 
 def test_a_what_if_serving_less_than_its_offered_load_is_greyed():

@@ -457,8 +457,8 @@ def failure(exc: BaseException, *, yaml_text: str = "", file: str = "") -> Outco
 
 def infeasible_reason(result: Any, offered: float | None = None, saturation: float | None = None) -> str:
     """Why the plan of ``result`` cannot run as asked ("" when it can): it does not fit in
-    memory, misses an SLO, leaves requests unserved or serves less than the ``offered`` rate
-    (see :func:`overload`). A page then shows no "better" deltas."""
+    memory, misses an SLO, leaves requests unserved, never finishes its run (goodput 0) or serves less
+    than the ``offered`` rate (see :func:`overload`). A page then shows no "better" deltas."""
     if result is None:
         return ""
     m = result.metrics
@@ -468,6 +468,8 @@ def infeasible_reason(result: Any, offered: float | None = None, saturation: flo
         return "it is overloaded: requests are left unserved"
     if m.get("slo_met") is False:
         return "it misses its SLOs"
+    if m.get("goodput") == 0:
+        return "the run never finishes: it is interrupted faster than its checkpoints keep progress (goodput 0)"
     if offered and overload(result, offered, saturation):
         return "it is overloaded: it serves less than the offered load"
     return ""
