@@ -157,13 +157,28 @@ def _load_all(args: argparse.Namespace) -> tuple[list[Any], list[str], int]:
     return scenarios, errors, len(files)
 
 
+def max_jobs() -> int:
+    """The most worker processes ``-j`` may ask for: 4 per core (at least 8); each holds a copy of fmsim."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def jobs_problem(n: int) -> str:
+    """Why ``-j n`` is refused, or ""."""
+    if n < 1:
+        return f"{n} must be >= 1"
+    if n > max_jobs():
+        return (f"{n:,} worker processes is more than {max_jobs()} (4 per core of this machine's "
+                f"{os.cpu_count() or 1})")
+    return ""
+
+
 def _jobs(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of worker processes") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} must be >= 1")
+    if jobs_problem(n):
+        raise argparse.ArgumentTypeError(jobs_problem(n))
     return n
 
 

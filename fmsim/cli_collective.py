@@ -85,6 +85,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if per_node > acc or acc % per_node:
         raise ConfigError(f"{per_node} per node does not divide the {acc} accelerators of {inst.name}",
                           field="per-node")
+    from .scenario import MAX_GPUS
+
+    if nodes * per_node > MAX_GPUS:  # the cost of the group's topology grows with its ranks
+        raise ConfigError(f"{nodes:,} nodes x {per_node} = {nodes * per_node:,} ranks is past the "
+                          f"{MAX_GPUS:,} any cluster could have", field="nodes")
     shape = GroupShape(size=nodes * per_node, per_node=per_node, stride=acc // per_node)
     algo = str(getattr(args, "algo", "auto") or "auto")
     if getattr(args, "sweep", False):

@@ -144,12 +144,23 @@ def search_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.top < 0:
         raise ConfigError(f"--top: {args.top} must be >= 0")
     out["top"] = args.top
-    if args.jobs is not None and args.jobs < 1:
-        raise ConfigError(f"-j: {args.jobs} must be >= 1")
+    from .cli import jobs_problem
+
+    if args.jobs is not None and jobs_problem(args.jobs):
+        raise ConfigError(f"-j: {jobs_problem(args.jobs)}")
     out["jobs"] = args.jobs or (os.cpu_count() or 1)
     out["dask"] = args.dask
     out["cache_dir"] = False if args.no_cache else (args.cache or None)
     return out
+
+
+def refuted(res) -> set[tuple]:
+    """(plan key, pricing option) of the re-checked plans the simulation finds missing the goal (or over
+    memory): the estimate ranked them, but they are no winner."""
+    from .search.rank import goal_order
+
+    return {(ch.estimate.key, ch.estimate.row["pricing_option"]) for ch in res.checked
+            if not goal_order([ch.simulated], deadline_s=res.deadline_s, budget_usd=res.budget_usd)}
 
 
 def render(res, sc) -> str:
@@ -188,8 +199,11 @@ def render(res, sc) -> str:
                      " (widen --nodes, --instances or the goal)"))
         return "\n".join(lines)
     label = "cheapest in time" if res.goal.startswith("deadline") else "fastest"
+    missed = refuted(res)
+    note = "  [misses the goal when simulated: no winner]"
     lines.append(f"best per instance type ({label}, estimate):")
-    lines += [f"  {_line(r)}" for r in res.winners.values()]
+    lines += [f"  {_line(r)}" + (note if (r.key, r.row["pricing_option"]) in missed else "")
+              for r in res.winners.values()]
     if res.checked:
         lines.append("")
         lines.append("re-checked by the discrete-event simulation (estimate -> simulation):")
@@ -198,7 +212,8 @@ def render(res, sc) -> str:
             lines.append(f"  {e['instance']} x{e['nodes']}  {_plan_text(ch.estimate.key)}  "
                          f"{e['pricing_option']}: "
                          f"train {_days(e['time_to_train_s'])} -> {_days(s['time_to_train_s'])}, "
-                         f"{_money(e['cost_usd'])} -> {_money(s['cost_usd'])}")
+                         f"{_money(e['cost_usd'])} -> {_money(s['cost_usd'])}"
+                         + (note if (ch.estimate.key, e["pricing_option"]) in missed else ""))
     lines.append("")
     if res.winner is not None:
         lines.append(f"winner (simulated): {_line(res.winner.simulated)}")
@@ -215,7 +230,8 @@ def _slug(text: str) -> str:
 
 
 def write_winners(res, base, directory: str) -> list[Path]:
-    """The overall winner and each instance's winner as runnable scenario files in ``directory``."""
+    """The overall winner and each instance's winner as runnable scenario files in ``directory`` (not those
+    the discrete-event re-check finds missing the goal)."""
     import yaml
 
     from .scenario import scenario_to_mapping, with_plan
@@ -225,8 +241,9 @@ def write_winners(res, base, directory: str) -> list[Path]:
     picks = []
     if res.winner is not None:
         picks.append(res.winner.simulated)
-    picks += [r for r in res.winners.values() if all(r.key != p.key or r.row["pricing_option"] !=
-                                                     p.row["pricing_option"] for p in picks)]
+    missed = refuted(res)     # a per-instance winner the simulation finds missing the goal is not written
+    picks += [r for r in res.winners.values() if (r.key, r.row["pricing_option"]) not in missed
+              and all(r.key != p.key or r.row["pricing_option"] != p.row["pricing_option"] for p in picks)]
     out_dir = Path(directory)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []

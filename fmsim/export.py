@@ -51,8 +51,14 @@ def csv_header(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return known + [k for k in seen if k not in known]
 
 
+# A text cell a spreadsheet would run as a formula (OWASP "CSV injection"): a scenario's name is the user's
+# own text, and a budgeting sheet opens the file. Such a cell is written with a leading apostrophe.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
 def csv_cell(value: Any) -> str:
-    """One CSV cell: full-precision floats, ``true``/``false``, empty for ``None``."""
+    """One CSV cell: full-precision floats, ``true``/``false``, empty for ``None``; text that would start a
+    spreadsheet formula (``=``, ``+``, ``-``, ``@``, a tab) gets a leading ``'``."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -63,7 +69,8 @@ def csv_cell(value: Any) -> str:
         return str(int(value))
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalar
         return csv_cell(value.item())
-    return str(value)
+    text = str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
 
 
 def _write_rows(rows: Sequence[Mapping[str, Any]], fh: TextIO, header: Sequence[str] | None = None) -> None:

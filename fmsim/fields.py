@@ -24,6 +24,11 @@ from .units import parse_count
 
 _MISSING: Any = dataclasses.MISSING
 
+# The largest integer any field takes when its getter names no tighter bound: 2**53, the largest a float
+# holds exactly (counts go through numpy int64 and float arithmetic downstream, where 10**20 would overflow
+# or round). Fields with a natural bound (GPUs, requests, tokens per sequence) set their own, lower one.
+MAX_INTEGER = 2**53
+
 
 def suggest(name: str, known: list[str] | tuple[str, ...]) -> str:
     """`` (did you mean 'x'?)`` or, failing a close match, the list of known names."""
@@ -146,7 +151,8 @@ class _Section:
         counts: bool = False,
         hint: str = "",
     ) -> Any:
-        """An integer; ``counts`` also accepts count strings (``"2k"``, ``"16Ki"``)."""
+        """An integer in ``minimum..maximum`` (``maximum`` None: :data:`MAX_INTEGER`); ``counts`` also accepts
+        count strings (``"2k"``, ``"16Ki"``)."""
         if not self.has(key) and default is not _MISSING:
             return default
         value = self.raw(key, hint=hint)
@@ -170,7 +176,10 @@ class _Section:
         if number < minimum:
             raise self.err(key, f"{number} is less than {minimum} (expected an integer >= {minimum})")
         if maximum is not None and number > maximum:
-            raise self.err(key, f"{number} is more than {maximum} (expected {minimum}..{maximum})")
+            raise self.err(key, f"{number:,} is more than {maximum:,} (expected {minimum:,}..{maximum:,})")
+        if number > MAX_INTEGER:
+            raise self.err(key, f"{number:,} is past 2**53 = {MAX_INTEGER:,}, the most any count fmsim reads "
+                                "can be (expected a count a run could need)")
         return int(number)
 
     def quantity(
@@ -191,8 +200,11 @@ class _Section:
             out = parse(value)
         except ConfigError as exc:
             raise self.err(key, exc.message) from None
+        if not math.isfinite(out):
+            raise self.err(key, f"{value!r} is not a finite quantity"
+                                f"{f' (expected {expected})' if expected else ''}")
         ok = out >= minimum if inclusive else out > minimum
-        if not ok or not math.isfinite(out):
+        if not ok:
             rel = ">=" if inclusive else ">"
             raise self.err(
                 key, f"{value!r} must be {rel} {minimum:g}{f' (expected {expected})' if expected else ''}"

@@ -26,7 +26,8 @@ UI_MODULES = ("streamlit", "altair")
 ROOT_API = set(fmsim.__all__) | {"scenario", "export"}
 ALLOWED_FROM = {
     "fmsim": set(fmsim.__all__),
-    "fmsim.scenario": {"scenario_from_mapping", "scenario_to_mapping", "load_yaml_text", "MAX_FILE_BYTES"},
+    "fmsim.scenario": {"scenario_from_mapping", "scenario_to_mapping", "load_yaml_text", "MAX_FILE_BYTES",
+                       "decode_text"},   # an upload's bytes checked as a file's are
     "fmsim.export": {"csv_text"},
     "fmsim.catalog": {"data_root"},
     "fmsim.stacks": {"SETTABLE", "lookup", "stack_defaults"},   # the stack picker: which fields a stack sets

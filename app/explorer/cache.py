@@ -46,7 +46,7 @@ def base(text: str, file: str) -> tuple[Any, str, str]:
     try:
         return logic.load_base(text, file), "", ""
     except Exception as exc:  # noqa: BLE001 - shown on the page, never raised
-        out = logic.failure(exc)
+        out = logic.failure(exc, file=file)
         return None, out.error, out.hint
 
 

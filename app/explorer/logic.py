@@ -29,7 +29,8 @@ import yaml
 import fmsim
 from fmsim.catalog import data_root
 from fmsim.export import csv_text
-from fmsim.scenario import MAX_FILE_BYTES, load_yaml_text, scenario_from_mapping, scenario_to_mapping
+from fmsim.scenario import (MAX_FILE_BYTES, decode_text, load_yaml_text, scenario_from_mapping,
+                            scenario_to_mapping)
 from fmsim.stacks import SETTABLE, lookup, stack_defaults
 
 from .formats import (  # noqa: F401 - re-exported: the pages and tests use logic.<name>
@@ -139,18 +140,9 @@ def read_bundled(label: str) -> str:
 
 
 def decode_upload(name: str, data: bytes) -> str:
-    """An uploaded scenario's text; refused over the scenario size limit or when not UTF-8."""
-    if len(data) > MAX_FILE_BYTES:
-        raise fmsim.ConfigError(
-            f"file is {len(data):,} bytes, over the {MAX_FILE_BYTES:,}-byte limit for scenario files",
-            file=name,
-        )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise fmsim.ConfigError(
-            f"not UTF-8 text (byte {exc.start}) (expected a YAML text file)", file=name
-        ) from None
+    """An uploaded scenario's text, checked as a scenario file's bytes are (fmsim.yaml_safe.decode_text):
+    refused over the size limit, when not UTF-8 or when it holds a NUL byte."""
+    return decode_text(data, name, "scenario")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -447,10 +439,14 @@ def hint_for(exc: BaseException) -> str:
     return "Change the setting the message names."
 
 
-def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
-    """An :class:`Outcome` for an error: fmsim's own message, or a one-line internal error."""
+def failure(exc: BaseException, *, yaml_text: str = "", file: str = "") -> Outcome:
+    """An :class:`Outcome` for an error: fmsim's own message (``file: ...`` first, as the CLI's line, when
+    the error does not name it: a plan that does not fit, say), or a one-line internal error."""
     if isinstance(exc, fmsim.FmsimError):
-        return Outcome(error=str(exc), error_kind=type(exc).__name__, hint=hint_for(exc), yaml_text=yaml_text)
+        text = " ".join(str(exc).split("\n"))
+        if file and not text.startswith(f"{file}:"):
+            text = f"{file}: {text}"
+        return Outcome(error=text, error_kind=type(exc).__name__, hint=hint_for(exc), yaml_text=yaml_text)
     first = str(exc).splitlines()[0] if str(exc) else ""
     return Outcome(
         error=f"internal error in fmsim ({type(exc).__name__}: {first})",
@@ -462,8 +458,8 @@ def failure(exc: BaseException, *, yaml_text: str = "") -> Outcome:
 
 def infeasible_reason(result: Any, offered: float | None = None, saturation: float | None = None) -> str:
     """Why the plan of ``result`` cannot run as asked ("" when it can): it does not fit in
-    memory, misses an SLO, leaves requests unserved or serves less than the ``offered`` rate
-    (see :func:`overload`). A page then shows no "better" deltas."""
+    memory, misses an SLO, leaves requests unserved, never finishes its run (goodput 0) or serves less
+    than the ``offered`` rate (see :func:`overload`). A page then shows no "better" deltas."""
     if result is None:
         return ""
     m = result.metrics
@@ -473,8 +469,24 @@ def infeasible_reason(result: Any, offered: float | None = None, saturation: flo
         return "it is overloaded: requests are left unserved"
     if m.get("slo_met") is False:
         return "it misses its SLOs"
+    if m.get("goodput") == 0:
+        return "the run never finishes: it is interrupted faster than its checkpoints keep progress (goodput 0)"
     if offered and overload(result, offered, saturation):
         return "it is overloaded: it serves less than the offered load"
+    return ""
+
+
+def greyed_reason(result: Any, base: Any = None, offered: float | None = None,
+                  saturation: float | None = None, base_offered: float | None = None) -> str:
+    """Why the what-if's changes against ``base`` are shown neither better nor worse ("" when both
+    plans run as asked): the what-if cannot run (:func:`infeasible_reason`), or the base cannot, so
+    that a change against it is no improvement either way. A page greys its deltas then."""
+    bad = infeasible_reason(result, offered, saturation)
+    if bad:
+        return f"the what-if cannot run as asked: {bad}"
+    base_bad = infeasible_reason(base, base_offered) if base is not None else ""
+    if base_bad:
+        return f"the base cannot run as asked ({base_bad}), so it is no reference"
     return ""
 
 
@@ -663,7 +675,7 @@ def run_training(
             hint=_oom_hint(res, text, file, overrides),
         )
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback (issue 6)
-        return failure(exc, yaml_text=yaml_text)
+        return failure(exc, yaml_text=yaml_text, file=file)
 
 
 def run_serving(
@@ -690,7 +702,7 @@ def run_serving(
             offered_requests_per_s=offered,
         )
     except Exception as exc:  # noqa: BLE001
-        return failure(exc, yaml_text=yaml_text)
+        return failure(exc, yaml_text=yaml_text, file=file)
 
 
 def run_any(
@@ -700,9 +712,12 @@ def run_any(
     try:
         sc = load_base(text, file)
     except Exception as exc:  # noqa: BLE001
-        return failure(exc)
+        return failure(exc, file=file)
     if sc.workload.kind in SERVING_KINDS:
         return run_serving(text, file, engine=engine)
+    if sc.workload.kind == "rl":   # the Compare table holds training and serving figures; RL has its page
+        return Outcome(error=f"{file}: workload.kind: rl is not a training or serving kind",
+                       error_kind="KindError", hint="Open this scenario on the RL page.")
     return run_training(text, file, engine=engine, des_job_limit=des_job_limit)
 
 
@@ -904,13 +919,26 @@ def compare_table(
     if kinds & set(SERVING_KINDS):
         cols += [c for c in COMPARE_SERVING if c not in cols]
     first = runs[0][1]
-    table = []
+    first_bad = infeasible_reason(first)
+    # a run that cannot run as asked (or a reference that cannot) is compared with nothing: its changes
+    # would read as improvements (a plan that does not fit is often the fastest)
+    feasible: dict[str, Any] = {"metric": "Runs as asked"}
+    not_compared: dict[str, str] = {}
+    for name, res in runs:
+        why = infeasible_reason(res)
+        feasible[name] = f"no: {why}" if why else "yes"
+    for name, res in runs[1:]:
+        why = infeasible_reason(res)
+        feasible[f"Δ {name}"] = "same" if feasible[name] == feasible[runs[0][0]] else "changed"
+        if why or first_bad:
+            not_compared[name] = "n/a (cannot run)" if why else "n/a (reference cannot run)"
+    table = [feasible]
     for col in cols:
         row: dict[str, Any] = {"metric": label_of(col)}
         for name, res in runs:
             row[name] = fmt_column(col, _value(res, col))
         for name, res in runs[1:]:
-            row[f"Δ {name}"] = delta_text(_value(first, col), _value(res, col))
+            row[f"Δ {name}"] = not_compared.get(name) or delta_text(_value(first, col), _value(res, col))
         table.append(row)
     return head + table
 
@@ -947,4 +975,4 @@ def run_rl(
         return Outcome(result=res, estimate=None if engine == "des" else res,
                        engine="des" if engine == "des" else "analytical", yaml_text=yaml_text, timeline=rows)
     except Exception as exc:  # noqa: BLE001 - a page never shows a traceback
-        return failure(exc, yaml_text=yaml_text)
+        return failure(exc, yaml_text=yaml_text, file=file)

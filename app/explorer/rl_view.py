@@ -122,7 +122,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     sb.subheader("Knobs")
     widgets.reset_button(P, defaults)
     sb.text_input("What-if name", key=f"{P}.name")
-    sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    widgets.number_knob(sb, "Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     sb.markdown("**Placement**")
     sb.radio(
         "Generation and training",
@@ -133,8 +133,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     disagg = ss[f"{P}.placement"] == "disaggregated"
     c1, c2 = sb.columns(2)
-    c1.number_input(
-        "Generation nodes",
+    widgets.number_knob(c1, "Generation nodes",
         min_value=1,
         max_value=100_000,
         step=1,
@@ -142,8 +141,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
         disabled=not disagg,
         help="the rest of the nodes train",
     )
-    c2.number_input(
-        "Off-policy depth",
+    widgets.number_knob(c2, "Off-policy depth",
         min_value=0,
         max_value=8,
         step=1,
@@ -156,9 +154,8 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     sb.markdown("**Rollouts**")
     c1, c2 = sb.columns(2)
-    c1.number_input("Prompts per step", min_value=1, max_value=100_000, step=1, key=f"{P}.prompts")
-    c2.number_input(
-        "Group size",
+    widgets.number_knob(c1, "Prompts per step", min_value=1, max_value=100_000, step=1, key=f"{P}.prompts")
+    widgets.number_knob(c2, "Group size",
         min_value=1,
         max_value=1024,
         step=1,
@@ -172,8 +169,7 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
     )
     c1, c2 = sb.columns(2)
     lognormal = "lognormal" in str(ss[f"{P}.response_len"])
-    c1.number_input(
-        "Tail (lognormal sigma)",
+    widgets.number_knob(c1, "Tail (lognormal sigma)",
         min_value=0.0,
         max_value=3.0,
         step=0.1,
@@ -181,16 +177,15 @@ def draw_knobs(defaults: Mapping[str, Any], cat: Any) -> None:
         disabled=not lognormal,
         help="the spread of log response length: the long tail",
     )
-    c2.number_input(
-        "Max response (0 = none)",
+    widgets.number_knob(c2, "Max response (0 = none)",
         min_value=0,
         max_value=1_000_000,
         step=256,
         key=f"{P}.max_response_len",
         help="responses are cut here",
     )
-    sb.number_input(
-        "RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50, key=f"{P}.steps"
+    widgets.number_knob(sb, "RL steps of the run (0 = none)", min_value=0, max_value=10_000_000, step=50,
+                        key=f"{P}.steps"
     )
 
 
@@ -212,6 +207,13 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     def d(col: str) -> str | None:
         return None if b is None else widgets.delta(b.get(col), r.get(col))
 
+    bad = logic.infeasible_reason(r)
+    if bad:
+        widgets.infeasible_banner(bad)
+    why_grey = logic.greyed_reason(r, b)     # a plan that cannot run (or a base that cannot): no "better"
+    grey = bool(why_grey)
+    if grey and not bad:
+        widgets.base_infeasible_caption(why_grey)
     pools = r.details.get("pools") or {}
     pool_text = " · ".join(f"{k}: {v.get('gpus')} GPUs" for k, v in pools.items())
     st.markdown(
@@ -221,7 +223,8 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     )
     c = st.columns(4)
     widgets.metric(
-        c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True
+        c[0], "RL step", logic.fmt_time(m.get("step_time_s")), d("step_time_s"), lower_is_better=True,
+        infeasible=grey,
     )
     widgets.metric(
         c[1],
@@ -230,6 +233,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("generation_s"),
         lower_is_better=True,
         help="the step waits for its longest response",
+        infeasible=grey,
     )
     widgets.metric(
         c[2],
@@ -237,6 +241,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m.get("tokens_per_s_per_gpu")),
         d("tokens_per_s_per_gpu"),
         help="NeMo RL's: training tokens per step / step time / every GPU",
+        infeasible=grey,
     )
     widgets.metric(
         c[3],
@@ -245,6 +250,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("usd_per_step"),
         lower_is_better=True,
         help=f"{m.get('pricing_option', '')} price dated {r.price_date or '-'}",
+        infeasible=grey,
     )
     c = st.columns(4)
     widgets.metric(
@@ -253,6 +259,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_usd(m.get("usd_per_million_trained_tokens")),
         d("usd_per_million_trained_tokens"),
         lower_is_better=True,
+        infeasible=grey,
     )
     widgets.metric(
         c[1],
@@ -261,14 +268,17 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("time_to_train_s"),
         lower_is_better=True,
         help="rl.steps x the step, plus every validation and checkpoint the run reaches",
+        infeasible=grey,
     )
-    widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True)
+    widgets.metric(c[2], "$ per run", logic.fmt_usd(m.get("cost_usd")), d("cost_usd"), lower_is_better=True,
+                   infeasible=grey)
     widgets.metric(
         c[3],
         "Generation / training busy",
         f"{logic.fmt_pct(m.get('generation_utilization'))} / {logic.fmt_pct(m.get('training_utilization'))}",
         d("generation_utilization"),
         help="share of the step each pool is busy",
+        infeasible=grey,
     )
     if r.details.get("bottleneck"):
         st.info(f"**Bottleneck:** {logic.md_escape(r.details['bottleneck'])}", icon=":material/search:")

@@ -80,10 +80,10 @@ def render() -> None:
     default_tier = st_now.get("tier") if st_now.get("tier") in tiers else "fsx-lustre-persistent-2-125"
     c1, c2, c3, c4 = st.columns(4)
     tier = c1.selectbox("File system tier", tiers, index=tiers.index(default_tier), key=f"{P}.tier")
-    cap = c2.number_input("Capacity (TiB)", min_value=1.2, max_value=100_000.0,
+    cap = widgets.number_knob(c2, "Capacity (TiB)", min_value=1.2, max_value=100_000.0,
                           value=float(st_now.get("capacity", 100 * 2**40)) / 2**40, step=10.0,
                           key=f"{P}.capacity", disabled=not tier.startswith("fsx"))
-    every = c3.number_input("Checkpoint every (min)", min_value=1.0, max_value=10_000.0,
+    every = widgets.number_knob(c3, "Checkpoint every (min)", min_value=1.0, max_value=10_000.0,
                             value=base.checkpoint.every_s / 60.0 if base.checkpoint else 30.0, step=5.0,
                             key=f"{P}.every")
     asyn = c4.checkbox("Asynchronous save", value=bool(base.checkpoint and base.checkpoint.async_),

@@ -8,6 +8,8 @@ when the base changes (a new bundled pick or upload) and restored when the page 
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -440,6 +442,26 @@ def infeasible_banner(reason: str) -> None:
         "not an improvement: their changes are greyed.",
         icon=":material/dangerous:",
     )
+
+
+def number_knob(col: Any, label: str, *, key: str, min_value: Any = None, max_value: Any = None,
+                **kwargs: Any) -> Any:
+    """``col.number_input`` whose range also holds the value it starts from (``value=``, or what the base
+    scenario seeded under ``key``): the scenario reader's bounds, not a widget's, decide what a file may
+    hold, and a widget handed a value outside its range raised (a 10-day checkpoint interval on a
+    10,000-minute knob, 2,000 samples on a 1,024 one)."""
+    v = kwargs.get("value", st.session_state.get(key))
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if max_value is not None and v > max_value:
+            max_value = type(max_value)(math.ceil(v)) if isinstance(max_value, int) else float(v)
+        if min_value is not None and v < min_value:
+            min_value = type(min_value)(math.floor(v)) if isinstance(min_value, int) else float(v)
+    return col.number_input(label, min_value=min_value, max_value=max_value, key=key, **kwargs)
+
+
+def base_infeasible_caption(reason: str) -> None:
+    """Said above the figures when the base (not the what-if) cannot run: its changes are greyed."""
+    st.caption(f"Changes greyed: {logic.md_escape(reason)}.")
 
 
 def delta(base: Any, new: Any) -> str | None:

@@ -161,13 +161,13 @@ def draw_knobs(defaults: dict, cat) -> None:
         key=f"{P}.instance",
         help="AWS instances, and the reference systems of published measurements (no price).",
     )
-    sb.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    widgets.number_knob(sb, "Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
     sb.markdown("**Parallelism**")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
     c1, c2 = sb.columns(2)
-    c1.number_input("Pipeline (pp)", min_value=1, max_value=1024, step=1, key=f"{P}.pp")
-    c2.number_input(
-        "Virtual stages (vpp)", min_value=1, max_value=64, step=1, key=f"{P}.vpp", on_change=on_vpp_change
+    widgets.number_knob(c1, "Pipeline (pp)", min_value=1, max_value=1024, step=1, key=f"{P}.pp")
+    widgets.number_knob(c2, "Virtual stages (vpp)", min_value=1, max_value=64, step=1, key=f"{P}.vpp",
+                        on_change=on_vpp_change
     )
     c1, c2 = sb.columns(2)
     c1.selectbox("Context (cp)", widgets.with_options(CP_OPTIONS, defaults["cp"]), key=f"{P}.cp")
@@ -179,7 +179,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         "a2a: Ulysses head split (cp must divide a TP rank's heads).",
     )
     c1, c2 = sb.columns(2)
-    c1.number_input("Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    widgets.number_knob(c1, "Expert (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
     c2.selectbox(
         "Grad bucket",
         widgets.with_options(BUCKET_OPTIONS, defaults["grad_bucket"]),
@@ -189,8 +189,7 @@ def draw_knobs(defaults: dict, cat) -> None:
         "per layer as PyTorch FSDP reduces each wrapped block; Megatron-Core's default grows with the "
         "data-parallel size.",
     )
-    sb.number_input(
-        "MoE load imbalance",
+    widgets.number_knob(sb, "MoE load imbalance",
         min_value=1.0,
         step=0.05,
         key=f"{P}.moe_imbalance",
@@ -200,8 +199,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     c1, c2 = sb.columns(2)
     c1.selectbox("ZeRO stage", [0, 1, 2, 3], key=f"{P}.zero")
     c2.selectbox("Recompute", ["none", "selective", "full"], key=f"{P}.recompute")
-    sb.number_input(
-        "Recompute layers",
+    widgets.number_knob(sb, "Recompute layers",
         min_value=0,
         step=1,
         key=f"{P}.recompute_layers",
@@ -210,8 +208,7 @@ def draw_knobs(defaults: dict, cat) -> None:
     )
     c1, c2 = sb.columns(2)
     c1.selectbox("Schedule", ["1f1b", "interleaved", "gpipe"], key=f"{P}.schedule")
-    c2.number_input(
-        "Shard group",
+    widgets.number_knob(c2, "Shard group",
         min_value=0,
         step=1,
         key=f"{P}.dp_shard",
@@ -223,9 +220,10 @@ def draw_knobs(defaults: dict, cat) -> None:
     widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Batch**")
     c1, c2, c3 = sb.columns(3)
-    c1.number_input("Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
-    c2.number_input("Global batch", min_value=1, step=1, key=f"{P}.global_batch", help="sequences per step")
-    c3.number_input("Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
+    widgets.number_knob(c1, "Seq len", min_value=1, step=1024, key=f"{P}.seq_len")
+    widgets.number_knob(c2, "Global batch", min_value=1, step=1, key=f"{P}.global_batch",
+                        help="sequences per step")
+    widgets.number_knob(c3, "Micro batch", min_value=1, step=1, key=f"{P}.micro_batch")
     sb.text_input(
         "Tokens to train", key=f"{P}.train_tokens", help="e.g. 15T, 300G; empty for no time or cost to train"
     )
@@ -338,6 +336,9 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     bad = logic.infeasible_reason(r)
     if bad:
         widgets.infeasible_banner(bad)
+    grey = logic.greyed_reason(r, b)  # the what-if's or the base's plan cannot run: no change is "better"
+    if grey and not bad:
+        widgets.base_infeasible_caption(grey)
     if not m.get("fits", True):
         widgets.show_error(
             f"Does not fit in memory: {logic.fmt_bytes(m['memory_per_gpu_bytes'])} per GPU needed, "
@@ -347,7 +348,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
     c = widgets.metric_columns(8)
     widgets.metric(
         c[0], "Step time", logic.fmt_time(m["step_time_s"]), d("step_time_s"), lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[1],
@@ -355,7 +356,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_pct(m["mfu"]),
         d("mfu"),
         help=logic.mfu_help(r),
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[2],
@@ -363,7 +364,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_count(m["tokens_per_s"]),
         d("tokens_per_s"),
         help=f"{m['tokens_per_s_per_gpu']:,.0f} per GPU",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     over = logic.over_hbm(m)
     widgets.metric(
@@ -373,7 +374,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         f"+{logic.fmt_bytes(over)} over HBM" if over else d("memory_per_gpu_bytes"),
         lower_is_better=True,  # over HBM: a red rise
         help="needed on the fullest pipeline stage / HBM of one GPU",
-        infeasible=bool(bad) and not over,
+        infeasible=bool(grey) and not over,
     )
     widgets.metric(
         c[4],
@@ -381,7 +382,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         logic.fmt_time(m.get("time_to_train_s")),
         d("time_to_train_s"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[5],
@@ -390,7 +391,7 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("cost_usd"),
         lower_is_better=True,
         help=f"{m.get('pricing_option')} price of {r.price_date or 'no date'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[6],
@@ -399,11 +400,11 @@ def render(out: logic.Outcome, base: logic.Outcome | None, name: str) -> None:
         d("usd_per_hour", lambda x: x.usd_per_hour),
         lower_is_better=True,
         help=f"{m.get('pricing_option')}, price dated {r.price_date or '-'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[7], "GPU-hours", logic.fmt_count(m.get("gpu_hours")), d("gpu_hours"), lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")

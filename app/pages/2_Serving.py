@@ -171,10 +171,11 @@ def draw_knobs(defaults: dict, cat) -> None:
     sb.markdown("**Cluster and parallelism**")
     sb.selectbox("Instance type", sorted(cat.instances), key=f"{P}.instance")
     c1, c2 = sb.columns(2)
-    c1.number_input("Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
-    c2.number_input("Replicas (0 = auto)", min_value=0, max_value=100_000, step=1, key=f"{P}.replicas")
+    widgets.number_knob(c1, "Nodes", min_value=1, max_value=100_000, step=1, key=f"{P}.nodes")
+    widgets.number_knob(c2, "Replicas (0 = auto)", min_value=0, max_value=100_000, step=1,
+                        key=f"{P}.replicas")
     sb.select_slider("Tensor parallel (tp)", widgets.with_options(TP_OPTIONS, defaults["tp"]), key=f"{P}.tp")
-    sb.number_input("Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
+    widgets.number_knob(sb, "Expert parallel (ep)", min_value=1, max_value=1024, step=1, key=f"{P}.ep")
     widgets.model_and_price(P, defaults, cat)
     sb.markdown("**Traffic**")
     sb.selectbox("Arrivals", widgets.with_options(ARRIVALS, defaults["arrival"]), key=f"{P}.arrival")
@@ -186,16 +187,15 @@ def draw_knobs(defaults: dict, cat) -> None:
         disabled=arrival in ("closed-loop", "offline"),
         help="requests per second: 12, '12/s', '600/min'",
     )
-    c2.number_input(
-        "Clients",
+    widgets.number_knob(c2, "Clients",
         min_value=0,
         step=1,
         key=f"{P}.concurrency",
         disabled=arrival != "closed-loop",
         help="closed-loop clients",
     )
-    sb.number_input(
-        "Requests simulated (0 = the scenario's default)", min_value=0, step=100, key=f"{P}.requests"
+    widgets.number_knob(sb, "Requests simulated (0 = the scenario's default)", min_value=0, step=100,
+                        key=f"{P}.requests"
     )
     sb.text_input(
         "Prompt length (tokens)",
@@ -209,10 +209,9 @@ def draw_knobs(defaults: dict, cat) -> None:
     c2.text_input("TPOT p50 ≤", key=f"{P}.tpot_p50", help="e.g. 50 ms; empty for none")
     sb.markdown("**Test-time compute**")
     c1, c2 = sb.columns(2)
-    c1.number_input("Samples per prompt", min_value=1, max_value=1024, step=1, key=f"{P}.samples")
+    widgets.number_knob(c1, "Samples per prompt", min_value=1, max_value=1024, step=1, key=f"{P}.samples")
     c2.selectbox("Strategy", widgets.with_options(STRATEGIES, defaults["strategy"]), key=f"{P}.strategy")
-    sb.number_input(
-        "Revision rounds",
+    widgets.number_knob(sb, "Revision rounds",
         min_value=1,
         max_value=64,
         step=1,
@@ -293,6 +292,10 @@ def render(
     bad = logic.infeasible_reason(r, offered, saturation)
     if bad:
         widgets.infeasible_banner(bad)
+    grey = logic.greyed_reason(r, b, offered, saturation,
+                               base.offered_requests_per_s if base is not None else None)
+    if grey and not bad:
+        widgets.base_infeasible_caption(grey)
     if m.get("slo_met") is False:
         st.warning(
             "The SLOs are not met at this load: lower the rate, add replicas, or pick faster hardware."
@@ -308,7 +311,7 @@ def render(
         d("ttft_p99_s"),
         lower_is_better=True,
         help="time to first token; the delta is of p99",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[1],
@@ -317,7 +320,7 @@ def render(
         d("tpot_p50_s"),
         lower_is_better=True,
         help="time per output token; the delta is of p50",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[2],
@@ -325,7 +328,7 @@ def render(
         logic.fmt_pair(m.get("e2e_p50_s"), m.get("e2e_p99_s")),
         d("e2e_p99_s"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[3],
@@ -333,7 +336,7 @@ def render(
         logic.fmt_count(m.get("output_tokens_per_s")),
         d("output_tokens_per_s"),
         help=f"{logic.fmt_count(m.get('output_tokens_per_s_per_gpu'))} per GPU",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[4],
@@ -342,7 +345,7 @@ def render(
         d("requests_per_s"),
         help="requests completed per second: by the simulation, over the whole simulated run (its fill and "
         "drain included); by the estimate, at the offered rate up to saturation",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[5],
@@ -351,7 +354,7 @@ def render(
         d("usd_per_million_output_tokens"),
         lower_is_better=True,
         help=f"{r.details.get('pricing_option', '')} price dated {r.price_date or '-'}",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     widgets.metric(
         c[6],
@@ -359,7 +362,7 @@ def render(
         logic.fmt_usd(m.get("usd_per_query")),
         d("usd_per_query"),
         lower_is_better=True,
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     kv = m.get("kv_utilization_mean")
     peak = m.get("kv_utilization_peak")
@@ -369,7 +372,7 @@ def render(
         f"{logic.fmt_pct(kv)} / {logic.fmt_pct(peak)}",
         d("kv_utilization_mean"),
         help="share of the KV-cache blocks in use",
-        infeasible=bool(bad),
+        infeasible=bool(grey),
     )
     if logic.price_note(r):
         st.warning(f"No cost: {logic.md_escape(logic.price_note(r))}.", icon=":material/money_off:")

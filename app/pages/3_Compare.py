@@ -112,7 +112,9 @@ def main() -> None:
         return
     st.session_state[f"{P}.table"] = logic.compare_table(runs, plans)
     st.dataframe(st.session_state[f"{P}.table"], hide_index=True, width="stretch")
-    st.caption(f"Δ: the change against the first scenario, {picked[0]}.")
+    st.caption(f"Δ: the change against the first scenario, {picked[0]}; n/a where a plan (or the "
+               "reference) cannot run as asked (does not fit, misses its SLOs, leaves requests unserved): "
+               "its figures are no improvement.")
     for n in notes:
         st.warning(logic.md_escape(n), icon=":material/functions:")
     cols = [c for c in CHART_METRICS if any(logic.finite(r.get(c)) is not None for _, r in runs)]

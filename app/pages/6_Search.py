@@ -70,9 +70,10 @@ def main() -> None:
     goal = sb.radio("Goal", GOALS, key=f"{P}.goal")
     deadline = budget = None
     if goal == GOALS[1]:
-        deadline = sb.number_input("Deadline (days)", min_value=1.0, value=365.0, key=f"{P}.deadline")
+        deadline = widgets.number_knob(sb, "Deadline (days)", min_value=1.0, value=365.0, key=f"{P}.deadline")
     elif goal == GOALS[2]:
-        budget = sb.number_input("Budget (US$)", min_value=1.0, value=50e6, step=1e6, key=f"{P}.budget")
+        budget = widgets.number_knob(sb, "Budget (US$)", min_value=1.0, value=50e6, step=1e6,
+                                     key=f"{P}.budget")
     if not st.session_state.get(f"{P}.instances"):
         st.info("Pick at least one instance type.")
         return
@@ -126,9 +127,9 @@ def main() -> None:
 
     st.subheader("How many nodes?")
     q1, q2 = st.columns(2)
-    tokens = q1.number_input("Tokens to train (trillions)", min_value=0.001,
+    tokens = widgets.number_knob(q1, "Tokens to train (trillions)", min_value=0.001,
                              value=float(sc.workload.train_tokens) / 1e12, key=f"{P}.tokens")
-    days = q2.number_input("Within days", min_value=1.0, value=90.0, key=f"{P}.days")
+    days = widgets.number_knob(q2, "Within days", min_value=1.0, value=90.0, key=f"{P}.days")
     need = search_view.nodes_needed(res, tokens * 1e12, days)
     if need.empty:
         st.info("No searched node count trains that many tokens in time: search more nodes.")

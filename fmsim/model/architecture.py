@@ -372,7 +372,19 @@ class ModelSpec:
 # reading
 
 
-def _int(data: Mapping[str, Any], key: str, err: _Err, *, default: Any = None, minimum: int = 1) -> int:
+# Sizes past any architecture (the largest published: ~200 layers, or DeepNet's 1,000; width 25,600;
+# 256k-token vocabularies; 384 experts), so that the per-layer, per-bucket and per-expert lists the cost
+# models build stay bounded: a field past its bound is a located error naming it.
+MAX_LAYERS = 4096
+MAX_WIDTH = 2**20        # hidden, ffn, head and latent dimensions
+MAX_HEADS = 2**16        # attention heads, K/V heads, experts, router groups
+MAX_VOCAB = 2**24
+MAX_TOKENS = 10**8       # max_seq_len, attention window size (= fmsim.scenario.MAX_SEQ_LEN)
+MAX_PARAMS = 10**14      # 100T parameters: 50x the largest model trained
+
+
+def _int(data: Mapping[str, Any], key: str, err: _Err, *, default: Any = None, minimum: int = 1,
+         maximum: int = MAX_WIDTH) -> int:
     if key not in data or data[key] is None:
         if default is None:
             raise err(key, "is required")
@@ -385,6 +397,8 @@ def _int(data: Mapping[str, Any], key: str, err: _Err, *, default: Any = None, m
             raise err(key, f"{v!r} is not an integer")
     if v < minimum:
         raise err(key, f"{v} must be >= {minimum}")
+    if v > maximum:
+        raise err(key, f"{v:,} is past the {maximum:,} any architecture has (expected {minimum}..{maximum:,})")
     return v
 
 
@@ -442,20 +456,21 @@ def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
     if not isinstance(m, Mapping):
         raise merr("", "expected a mapping {experts, top_k, expert_ffn_hidden, ...}")
     _unknown(m, MOE_KEYS, merr)
-    experts = _int(m, "experts", merr)
-    top_k = _int(m, "top_k", merr)
+    experts = _int(m, "experts", merr, maximum=MAX_HEADS)
+    top_k = _int(m, "top_k", merr, maximum=MAX_HEADS)
     if top_k > experts:
         raise merr("top_k", f"{top_k} exceeds {experts} experts")
-    dense_layers = _int(m, "dense_layers", merr, default=0, minimum=0)
+    dense_layers = _int(m, "dense_layers", merr, default=0, minimum=0, maximum=MAX_LAYERS)
     if dense_layers >= layers:
         raise merr("dense_layers", f"{dense_layers} leaves no MoE layer among {layers}")
     cf = m.get("capacity_factor", 0.0) or 0.0
-    if not isinstance(cf, (int, float)) or isinstance(cf, bool) or cf < 0:
-        raise merr("capacity_factor", f"{cf!r} must be a number >= 0 (0 = dropless)")
-    groups = _int(m, "router_groups", merr, default=1)
+    if not isinstance(cf, (int, float)) or isinstance(cf, bool) or not 0 <= cf <= experts:
+        raise merr("capacity_factor", f"{cf!r} must be a number in 0..{experts} (0 = dropless; past the "
+                                      "expert count a capacity pads nothing more)")
+    groups = _int(m, "router_groups", merr, default=1, maximum=MAX_HEADS)
     if experts % groups:
         raise merr("router_groups", f"{groups} groups do not divide {experts} experts")
-    group_topk = _int(m, "router_group_topk", merr, default=0, minimum=0)
+    group_topk = _int(m, "router_group_topk", merr, default=0, minimum=0, maximum=MAX_HEADS)
     if group_topk > groups:
         raise merr("router_group_topk", f"{group_topk} exceeds {groups} router_groups")
     if group_topk and top_k > group_topk * experts // groups:
@@ -463,12 +478,12 @@ def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
                    f"top_k {top_k}")
     return MoESpec(experts=experts, top_k=top_k, router_groups=groups, router_group_topk=group_topk,
                    expert_ffn_hidden=_int(m, "expert_ffn_hidden", merr, default=ffn_hidden),
-                   shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0),
+                   shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0, maximum=MAX_HEADS),
                    shared_expert_ffn_hidden=_int(m, "shared_expert_ffn_hidden", merr, default=0, minimum=0),
                    dense_layers=dense_layers,
                    dense_ffn_hidden=_int(m, "dense_ffn_hidden", merr, default=0, minimum=0),
                    capacity_factor=float(cf),
-                   layer_freq=_int(m, "layer_freq", merr, default=1))
+                   layer_freq=_int(m, "layer_freq", merr, default=1, maximum=MAX_LAYERS))
 
 
 def _window(w: Any, err: _Err, *, layers: int) -> AttentionWindow:
@@ -478,13 +493,13 @@ def _window(w: Any, err: _Err, *, layers: int) -> AttentionWindow:
     if not isinstance(w, Mapping):
         raise werr("", "expected a mapping {size, kind: sliding|chunked, full_every}")
     _unknown(w, WINDOW_KEYS, werr)
-    full_every = _int(w, "full_every", werr, default=0, minimum=0)
+    full_every = _int(w, "full_every", werr, default=0, minimum=0, maximum=MAX_LAYERS)
     if full_every == 1:
         raise werr("full_every", "1 makes every layer full attention (leave attention_window out)")
     if full_every > layers:
         raise werr("full_every", f"{full_every} exceeds {layers} layers: no layer would keep full attention "
                                  "(0 says every layer is local)")
-    return AttentionWindow(size=_int(w, "size", werr),
+    return AttentionWindow(size=_int(w, "size", werr, maximum=MAX_TOKENS),
                            kind=_choice(w, "kind", werr, WINDOW_KINDS, "sliding", "attention window kind"),
                            full_every=full_every)
 
@@ -508,9 +523,9 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     name = str(data.get("name") or name or "")
     if not name:
         raise err("name", "is required for an inline model")
-    layers = _int(data, "layers", err)
+    layers = _int(data, "layers", err, maximum=MAX_LAYERS)
     hidden = _int(data, "hidden", err)
-    heads = _int(data, "heads", err)
+    heads = _int(data, "heads", err, maximum=MAX_HEADS)
 
     # attention kind first: it sets the default number of K/V heads
     att = data.get("attention")
@@ -523,7 +538,7 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     elif att == "mla":
         raise err("attention", "mla needs its dimensions: {kind: mla, kv_lora_rank: ..., qk_nope_dim: ..., "
                                "qk_rope_dim: ..., v_head_dim: ..., q_lora_rank: ...}")
-    kv_heads = _int(data, "kv_heads", err, default=1 if att == "mqa" else heads)
+    kv_heads = _int(data, "kv_heads", err, default=1 if att == "mqa" else heads, maximum=MAX_HEADS)
     if heads % kv_heads:
         raise err("kv_heads", f"{kv_heads} does not divide {heads} heads")
     if att is None:
@@ -537,15 +552,15 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
 
     activation = _choice(data, "activation", err, ACTIVATIONS, "gelu", "activation")
     ffn_hidden = _int(data, "ffn_hidden", err, default=4 * hidden)
-    vocab = _int(data, "vocab", err)
+    vocab = _int(data, "vocab", err, maximum=MAX_VOCAB)
     tied = _bool(data, "tied_embeddings", err, False)
     bias = _bool(data, "bias", err, False)
     norm = _choice(data, "norm", err, NORMS, "layernorm" if bias else "rmsnorm", "norm")
     position = _choice(data, "position_embedding", err, POSITION_EMBEDDINGS, "rope", "position embedding")
-    max_seq_len = _int(data, "max_seq_len", err, default=0, minimum=0)
+    max_seq_len = _int(data, "max_seq_len", err, default=0, minimum=0, maximum=MAX_TOKENS)
     if position == "learned" and not max_seq_len:
         raise err("max_seq_len", "is required with position_embedding: learned (rows of the position table)")
-    mtp_layers = _int(data, "mtp_layers", err, default=0, minimum=0)
+    mtp_layers = _int(data, "mtp_layers", err, default=0, minimum=0, maximum=MAX_LAYERS)
 
     moe = None
     if data.get("moe") is not None:
@@ -578,8 +593,12 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     if params and active and active > params:
         raise err("active_params", f"{data['active_params']!r} exceeds params {data['params']!r}")
 
-    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+    spec = ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, ffn_hidden=ffn_hidden, activation=activation, vocab=vocab,
                      tied_embeddings=tied, attention=str(att), mla=mla, moe=moe, bias=bias, norm=norm,
                      position_embedding=position, max_seq_len=max_seq_len, mtp_layers=mtp_layers,
                      window=window, source=str(source or ""), published_params=params, published_active_params=active)
+    if spec.num_params > MAX_PARAMS:
+        raise err("", f"{spec.num_params:.3g} parameters is past the {MAX_PARAMS:.0e} any run could train "
+                      "(check layers, hidden, ffn_hidden, vocab and the experts)")
+    return spec

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..catalog import Instance
 from ..engine.order_stats import expected_max_normal
-from ..errors import ParallelismError
+from ..errors import ConfigError, ParallelismError
 from ..hardware.collectives import CollectiveCost, GroupShape, all_to_all_time, collective_time
 from ..hardware.topology import place
 from ..model.architecture import ModelSpec
@@ -571,6 +571,18 @@ def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelS
     return tuple(out)
 
 
+# Each gradient bucket is a collective of its own in the step (an engine job per micro-batch pass): a
+# stage's buckets are bounded, so that a tiny grad_bucket on a huge model cannot make the step unbounded.
+# 10,000 is past any real plan's (405B on tp 8 x pp 16 in 1M-parameter buckets holds about 3,200).
+MAX_BUCKETS_PER_STAGE = 10_000
+
+
+def _too_many_buckets(sc, n: int, params: float) -> ConfigError:
+    return ConfigError(f"{n:,}+ gradient buckets per pipeline stage is past the {MAX_BUCKETS_PER_STAGE:,} a step "
+                       f"simulates (expected a grad_bucket of at least {params / MAX_BUCKETS_PER_STAGE:,.0f} "
+                       "parameters, or more tp or pp)", file=sc.file, field="parallelism.grad_bucket")
+
+
 def build_plan(sc) -> Plan:
     """Validate and derive everything a training simulation needs from a Scenario."""
     w, par, cl = sc.workload, sc.parallelism, sc.cluster
@@ -706,8 +718,12 @@ def build_plan(sc) -> Plan:
                     if params <= 0 or (shape.size <= 1 and not hybrid):
                         continue
                     nb = max(1, round(params / bucket)) if bucket else 1
+                    if len(times) + len(part) + nb > MAX_BUCKETS_PER_STAGE:
+                        raise _too_many_buckets(sc, len(times) + len(part) + nb, local_dense + local_expert)
                     part += [bucket_s(params / nb, shape)] * nb
                 unit_buckets[unit] = part
+            if len(times) + len(part) > MAX_BUCKETS_PER_STAGE:
+                raise _too_many_buckets(sc, len(times) + len(part), local_dense + local_expert)
             times += part
         buckets.append(tuple(times))
         g = 0.0

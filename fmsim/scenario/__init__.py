@@ -31,7 +31,7 @@ from .run import _checkpoint, _pricing, _reliability
 from .schema import EXTRA_SECTIONS, TOP_KEYS
 from .spec import Scenario
 from .workload import _version, _workload
-from .yaml_safe import _read_text, load_yaml_text
+from .yaml_safe import _read_text, decode_text, load_yaml_text
 
 # re-exported: the names callers import from fmsim.scenario
 from .schema import FLOPS_FORMULAS, KINDS, PRECISIONS  # noqa: F401
@@ -75,6 +75,7 @@ __all__ = [
     "Workload",
     "apply_overrides",
     "canonical_metric",
+    "decode_text",
     "load_scenario",
     "load_yaml_text",
     "metric_columns",

@@ -234,7 +234,9 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     if lo is not None:
         if kind not in TRAINING_KINDS:
             raise wl.err("lora", f"applies to training kinds only, not {kind!r}")
-        lora_rank = lo.integer("rank", _MISSING, counts=True, hint="adapter rank, e.g. 16")
+        # an adapter B·A of rank r on a d_in x d_out weight is a full-rank update once r reaches the narrower of
+        # them: a rank past the model's width is no LoRA (and its buckets would be unbounded)
+        lora_rank = lo.integer("rank", _MISSING, counts=True, maximum=model.hidden, hint="adapter rank, e.g. 16")
         lora_modules = lo.choice("modules", LORA_MODULES, "all")
         lora_dropout = lo.quantity("dropout", float_number, 0.0, inclusive=True,
                                    expected="a dropout probability in [0, 1), e.g. 0.1")

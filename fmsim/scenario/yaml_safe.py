@@ -11,9 +11,10 @@ from ..yaml_safe import (
     MAX_EXPANDED_NODES,
     MAX_FILE_BYTES,
     _read_text,
+    decode_text,
     load_yaml_text,
     read_yaml_file,
 )
 
-__all__ = ["MAX_ALIASES", "MAX_DEPTH", "MAX_EXPANDED_NODES", "MAX_FILE_BYTES", "_read_text", "load_yaml_text",
-           "read_yaml_file"]
+__all__ = ["MAX_ALIASES", "MAX_DEPTH", "MAX_EXPANDED_NODES", "MAX_FILE_BYTES", "_read_text", "decode_text",
+           "load_yaml_text", "read_yaml_file"]

@@ -59,7 +59,10 @@ class Ranked:
 
 
 def _finite(items: Iterable[Ranked]) -> list[Ranked]:
-    return [r for r in items if math.isfinite(r.time_s) and math.isfinite(r.cost)]
+    """The plans with a time and a cost that fit (a re-checked plan the simulation finds over memory never
+    ranks, wins or makes the frontier)."""
+    return [r for r in items
+            if math.isfinite(r.time_s) and math.isfinite(r.cost) and r.row.get("fits") is not False]
 
 
 def pareto_frontier(items: Iterable[Ranked]) -> list[Ranked]:

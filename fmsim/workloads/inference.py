@@ -23,7 +23,7 @@ import simpy
 from ..cost import price_of
 from ..engine.serving_des import EngineConfig, Job, ReplicaEngine, Router, itl_samples, weighted_percentile
 from ..engine.trace import write_chrome_trace
-from ..errors import ConfigError, InfeasibleError
+from ..errors import ConfigError, InfeasibleError, ParallelismError
 from ..model.serving_cost import (
     EngineProfile,
     IterationWork,
@@ -131,11 +131,19 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
                collective: Any, file: str | None, isl: float, osl: float, max_isl: float,
                attention_precision: str | None = None) -> Pool:
     sv = spec.serving
-    cost = build_cost_model(model, instance, precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep,
-                            attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
-                            collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
-                            cpu_overhead_fraction=profile.cpu_overhead_fraction, moe_comm=profile.moe_comm,
-                            attention_precision=attention_precision, moe_impl=profile.moe_impl)
+    try:
+        cost = build_cost_model(model, instance, precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep,
+                                attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
+                                collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
+                                cpu_overhead_fraction=profile.cpu_overhead_fraction,
+                                moe_comm=profile.moe_comm, attention_precision=attention_precision,
+                                moe_impl=profile.moe_impl)
+    except ParallelismError as exc:     # the cost model knows no file: place it at the pool's own layout
+        where = {"verifier": "test_time_compute.verifier.tp", "prefill": "serving.disaggregation.prefill_tp",
+                 "decode": "serving.disaggregation.decode_tp"}.get(role)
+        if exc.file or where is None:   # the serving pool's layout: its callers know where it came from
+            raise
+        raise ParallelismError(f"the {role} engines: {exc.message}", file=file, field=where) from None
     chunked = sv.chunked_prefill if sv.chunked_prefill is not None else profile.chunked_prefill
     frac = sv.memory_fraction if sv.memory_fraction is not None else profile.memory_fraction
     hbm = instance.accelerator.hbm_bytes

@@ -23,6 +23,8 @@ import numpy as np
 
 from ..errors import ConfigError, UnitError
 from ..fields import _Section, suggest
+from ..scenario.cluster import MAX_GPUS
+from ..scenario.workload import MAX_SEQ_LEN
 from ..units import parse_count, parse_time
 
 ARRIVALS = ("poisson", "constant", "bursty", "closed-loop", "offline")
@@ -48,6 +50,13 @@ LENGTH_KEYS = ("dist", "value", "low", "high", "mean", "median", "sigma", "stdev
 OUTSIDE = ("clip", "redraw")
 _STD_NORMAL = NormalDist()
 REDRAW_ROUNDS = 200   # redraws of out-of-window lengths before a window is called (nearly) empty
+# Bounds no real run comes near, so that a length, a spread or a count stays inside what the samplers'
+# int64 arrays and the engine's float clock hold: a request's lengths (and every token count) at most the
+# tokens of a training sequence (MAX_SEQ_LEN, 10^8), a lognormal's log-space sigma at most 10 (published
+# response-length fits are 0.3-1.5; at 10 the far quantiles the estimate reads still fit a float), and
+# GPU counts (tp, replicas) at most a cluster's (MAX_GPUS). A draw past MAX_TOKENS is clipped to it.
+MAX_TOKENS = MAX_SEQ_LEN
+MAX_SIGMA = 10.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -65,9 +74,15 @@ def _sub(s: _Section, key: str, allowed: tuple[str, ...]) -> _Section:
     return s.section(key, allowed) or _open(None, s.file, s.path(key), allowed)
 
 
-def _count_or_auto(s: _Section, key: str) -> int | None:
-    """A count (``64``, ``"2k"``) >= 1, or ``auto`` / left out: None (the engine's default)."""
-    return None if s.raw(key, None) == "auto" else s.integer(key, None, counts=True)
+def _count_or_auto(s: _Section, key: str, maximum: int = MAX_TOKENS) -> int | None:
+    """A count (``64``, ``"2k"``) in ``1..maximum``, or ``auto`` / left out: None (the engine's default)."""
+    return None if s.raw(key, None) == "auto" else s.integer(key, None, counts=True, maximum=maximum)
+
+
+def _tokens(s: _Section, key: str, default: Any = dataclasses.MISSING, *, minimum: int = 1,
+            hint: str = "") -> Any:
+    """A token count (``4096``, ``"2k"``) in ``minimum..MAX_TOKENS``."""
+    return s.integer(key, default, minimum=minimum, maximum=MAX_TOKENS, counts=True, hint=hint)
 
 
 def _parse_rate_per_s(v: Any) -> float:
@@ -162,9 +177,7 @@ class LengthDist:
             if bad.size:
                 raise ConfigError(f"almost no draws of this {self.kind} length fall inside "
                                   f"[{self.min}, {self.max or 'inf'}] (outside: redraw)")
-        x = np.maximum(x, self.min)
-        if self.max:
-            x = np.minimum(x, self.max)
+        x = np.clip(x, self.min, self.max or MAX_TOKENS)
         return x.astype(np.int64)
 
     def upper(self) -> float:
@@ -247,14 +260,15 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
             v = parse_count(data)
         except ConfigError as exc:
             raise ConfigError(exc.message, file=file, field=where) from None
-        if v < 1 or not float(v).is_integer():
-            raise ConfigError(f"{data!r} must be a whole number of tokens >= 1", file=file, field=where)
+        if not (1 <= v <= MAX_TOKENS) or not float(v).is_integer():
+            raise ConfigError(f"{data!r} must be a whole number of tokens in 1..{MAX_TOKENS:,}", file=file,
+                              field=where)
         return fixed_length(int(v))
     s = _Section(data, file, where, LENGTH_KEYS, what="a number of tokens, or a mapping with keys "
                  + ", ".join(LENGTH_KEYS))
     kind = s.choice("dist", LENGTH_KINDS, "fixed")
-    lo = s.integer("min", 1, minimum=1, counts=True)
-    hi = s.integer("max", 0, minimum=0, counts=True)
+    lo = _tokens(s, "min", 1)
+    hi = _tokens(s, "max", 0, minimum=0)
     if hi and hi < lo:
         raise s.err("max", f"{hi} is below min {lo}")
     outside = s.choice("outside", OUTSIDE, "clip")
@@ -262,7 +276,7 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     if kind == "fixed":
         if not s.has("value"):
             raise s.err("value", "is required for dist: fixed")
-        value = s.integer("value", counts=True)
+        value = _tokens(s, "value")
         if outside == "redraw" and (value < lo or (hi and value > hi)):
             raise s.err("value", f"{value} is outside [min, max], so outside: redraw can never draw it")
         return LengthDist(kind=kind, value=value, **bounds)
@@ -270,7 +284,7 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
         for k in ("low", "high"):
             if not s.has(k):
                 raise s.err(k, "is required for dist: uniform")
-        low, high = s.integer("low", counts=True), s.integer("high", counts=True)
+        low, high = _tokens(s, "low"), _tokens(s, "high")
         if high < low:
             raise s.err("high", f"{high} is below low {low}")
         if outside == "redraw" and (high < lo or (hi and low > hi)):
@@ -279,15 +293,16 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     if kind == "normal":
         if not s.has("mean"):
             raise s.err("mean", "is required for dist: normal")
-        return LengthDist(kind=kind, mean=s.number("mean"), stdev=s.number("stdev", 0.0, inclusive=True),
-                          **bounds)
+        return LengthDist(kind=kind, mean=s.number("mean", maximum=MAX_TOKENS),
+                          stdev=s.number("stdev", 0.0, inclusive=True, maximum=MAX_TOKENS), **bounds)
     if kind == "lognormal":
         if s.has("mean") == s.has("median"):
             raise s.err("median", "give exactly one of median or mean for dist: lognormal")
         if not s.has("sigma"):
             raise s.err("sigma", "is required for dist: lognormal (standard deviation of log length)")
-        return LengthDist(kind=kind, mean=s.number("mean", 0.0), median=s.number("median", 0.0),
-                          sigma=s.number("sigma", inclusive=True), **bounds)
+        return LengthDist(kind=kind, mean=s.number("mean", 0.0, maximum=MAX_TOKENS),
+                          median=s.number("median", 0.0, maximum=MAX_TOKENS),
+                          sigma=s.number("sigma", inclusive=True, maximum=MAX_SIGMA), **bounds)
     # empirical
     if not s.has("file"):
         raise s.err("file", "is required for dist: empirical (a CSV file of lengths)")
@@ -302,14 +317,36 @@ def parse_length(data: Any, *, file: str | None, where: str) -> LengthDist:
     return d
 
 
+MAX_LENGTHS_FILE_BYTES = 64 << 20   # an empirical lengths CSV: 64 MiB (millions of rows) is past any dataset
+
+
 def _read_lengths(path: Path, column: Any, s: _Section) -> tuple[int, ...]:
+    """The lengths in one column of the CSV at ``path``: a bounded regular text file of whole numbers
+    in 1..MAX_TOKENS (blank cells and lengths below 1 skipped); every problem is a located error."""
+    shown = repr(str(path)) if len(str(path)) <= 80 else repr(str(path)[:77] + "...")
     try:
-        text = path.read_text()
+        if not path.is_file():
+            raise s.err("file", f"{shown} is not a regular file (expected a CSV file of lengths)")
+        size = path.stat().st_size
+        if size > MAX_LENGTHS_FILE_BYTES:
+            raise s.err("file", f"{shown} is {size:,} bytes, over the {MAX_LENGTHS_FILE_BYTES:,}-byte limit "
+                                "for a lengths file")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_LENGTHS_FILE_BYTES + 1)
     except OSError as exc:
-        raise s.err("file", f"cannot read {str(path)!r}: {exc.strerror}") from None
-    rows = list(csv.reader(text.splitlines()))
+        raise s.err("file", f"cannot read {shown}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_LENGTHS_FILE_BYTES:
+        raise s.err("file", f"{shown} is over the {MAX_LENGTHS_FILE_BYTES:,}-byte limit for a lengths file")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise s.err("file", f"{shown} is not UTF-8 text (byte {exc.start}) (expected a CSV file)") from None
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as exc:
+        raise s.err("file", f"{shown} is not a readable CSV file ({exc})") from None
     if not rows:
-        raise s.err("file", f"{str(path)!r} is empty")
+        raise s.err("file", f"{shown} is empty")
     header = [h.strip() for h in rows[0]]
     has_header = not all(_is_number(h) for h in header)
     if column is None:
@@ -317,19 +354,25 @@ def _read_lengths(path: Path, column: Any, s: _Section) -> tuple[int, ...]:
     elif has_header and str(column) in header:
         idx = header.index(str(column))
     else:
-        raise s.err("column", f"no column {column!r} in {str(path)!r}{suggest(str(column), header)}")
+        raise s.err("column",
+                    f"no column {str(column)[:80]!r} in {shown}{suggest(str(column), header[:200])}")
     out = []
     for i, row in enumerate(rows[1:] if has_header else rows, start=2 if has_header else 1):
         if not row or idx >= len(row) or not row[idx].strip():
             continue
+        cell = row[idx].strip()
         try:
-            v = float(row[idx])
+            v = float(cell)
         except ValueError:
-            raise s.err("file", f"{str(path)!r} line {i}: {row[idx]!r} is not a number") from None
+            v = math.nan
+        if not math.isfinite(v) or v > MAX_TOKENS:
+            what = cell if len(cell) <= 40 else cell[:37] + "..."
+            raise s.err("file", f"{shown} line {i}: {what!r} is not a length (expected a number of tokens "
+                                f"<= {MAX_TOKENS:,})") from None
         if v >= 1:
             out.append(round(v))
     if not out:
-        raise s.err("file", f"{str(path)!r} has no lengths >= 1 in the chosen column")
+        raise s.err("file", f"{shown} has no lengths >= 1 in the chosen column")
     return tuple(out)
 
 
@@ -489,8 +532,8 @@ def parse_traffic(data: Any, file: str | None) -> TrafficSpec:
     _at_most(s, "requests", n, MAX_REQUESTS, "requests")
     prompt = parse_length(s.raw("prompt_len", 1000), file=file, where="traffic.prompt_len")
     output = parse_length(s.raw("output_len", 1000), file=file, where="traffic.output_len")
-    cached = s.integer("cached_prefix_len", 0, minimum=0, counts=True)
-    max_total = s.integer("max_total_len", 0, minimum=0, counts=True)
+    cached = _tokens(s, "cached_prefix_len", 0, minimum=0)
+    max_total = _tokens(s, "max_total_len", 0, minimum=0)
     if max_total and max_total < prompt.min + output.min:
         raise s.err("max_total_len", f"{max_total} is below prompt_len min + output_len min "
                                      f"({prompt.min + output.min}), so no request fits")
@@ -511,14 +554,14 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
     disagg = None
     if s.has("disaggregation"):
         d = _sub(s, "disaggregation", DISAGG_KEYS)
-        disagg = DisaggSpec(prefill_replicas=d.integer("prefill_replicas", counts=True),
-                            decode_replicas=d.integer("decode_replicas", counts=True),
-                            prefill_tp=d.integer("prefill_tp", None, counts=True),
-                            decode_tp=d.integer("decode_tp", None, counts=True))
-    bs = s.integer("kv_block_size", None, counts=True)
+        disagg = DisaggSpec(prefill_replicas=d.integer("prefill_replicas", counts=True, maximum=MAX_GPUS),
+                            decode_replicas=d.integer("decode_replicas", counts=True, maximum=MAX_GPUS),
+                            prefill_tp=d.integer("prefill_tp", None, counts=True, maximum=MAX_GPUS),
+                            decode_tp=d.integer("decode_tp", None, counts=True, maximum=MAX_GPUS))
+    bs = _tokens(s, "kv_block_size", None)
     return ServingSpec(
         engine=engine,
-        replicas=_count_or_auto(s, "replicas"),
+        replicas=_count_or_auto(s, "replicas", MAX_GPUS),
         max_seqs=_count_or_auto(s, "max_seqs"),
         max_batch_tokens=_count_or_auto(s, "max_batch_tokens"),
         chunked_prefill=s.boolean("chunked_prefill", None),
@@ -565,7 +608,7 @@ def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeCo
     budget, tlen = 0, None
     if s.has("thinking"):
         t = _sub(s, "thinking", THINKING_KEYS)
-        budget = t.integer("budget", counts=True, hint="maximum thinking tokens per sample")
+        budget = _tokens(t, "budget", hint="maximum thinking tokens per sample")
         length = t.raw("length", hint="distribution of thinking tokens, e.g. "
                        "{dist: lognormal, median: 4000, sigma: 1.0}")
         tlen = parse_length(length, file=file, where="test_time_compute.thinking.length")
@@ -579,9 +622,9 @@ def parse_ttc(data: Any, file: str | None, *, catalog: Any = None) -> TestTimeCo
         from ..catalog import PRECISIONS
 
         verifier = VerifierSpec(model=model, precision=v.choice("precision", PRECISIONS, None),
-                                tp=v.integer("tp", 1, counts=True),
-                                replicas=v.integer("replicas", 1, counts=True),
-                                output_len=v.integer("output_len", 1, counts=True))
+                                tp=v.integer("tp", 1, counts=True, maximum=MAX_GPUS),
+                                replicas=v.integer("replicas", 1, counts=True, maximum=MAX_GPUS),
+                                output_len=_tokens(v, "output_len", 1))
     elif strategy == "best-of-n":
         raise s.err("verifier", "strategy best-of-n needs a verifier: {model: ..., tp: ...}")
     return TestTimeComputeSpec(samples=samples, strategy=strategy, revision_rounds=rounds,
