@@ -84,6 +84,8 @@ class Shard:
     kernel_fusion: str = "fused"     # the non-GEMM kernels: fused | compiled | eager | eager-composite-norm (fusion.py)
     cuda_graphs: str = "none"        # none | layer | step: kernels replayed from CUDA graphs (fusion.attach_host)
     fp8_recipe: str = "delayed"      # fp8 runs: how operands are scaled (FP8_RECIPES; fp8_cast_bytes)
+    hidden_dropout: float = 0.0      # dropout on each block's output before its residual add (hidden_dropout_bytes)
+    attention_dropout: float = 0.0   # dropout on the attention probabilities (attention_forward)
 
     @property
     def tokens(self) -> float:
@@ -135,6 +137,9 @@ class PassCost:
     #: low-precision casts of the GEMM operands (fp8_cast_bytes): this pass's, and its backward's priced beside it
     cast_s: float = 0.0
     cast_bwd_s: float = 0.0
+    #: hidden dropout's own HBM seconds (hidden_dropout_bytes): this pass's, and its backward's priced beside it
+    dropout_s: float = 0.0
+    dropout_bwd_s: float = 0.0
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
     #: seconds the host takes to issue the pass's kernels, and (set beside a forward) its backward's (fusion.py)
@@ -145,7 +150,7 @@ class PassCost:
     def compute_s(self) -> float:
         """The device's seconds, or the host's where issuing the kernels takes longer (fusion.attach_host)."""
         device = (self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.cast_s
-                  + self.kernels * KERNEL_FIXED_S)
+                  + self.dropout_s + self.kernels * KERNEL_FIXED_S)
         return device if device >= self.host_s else self.host_s
 
     def add(self, other: PassCost, times: float = 1.0) -> None:
@@ -161,6 +166,8 @@ class PassCost:
         self.host_bwd_s += other.host_bwd_s * times
         self.cast_s += other.cast_s * times
         self.cast_bwd_s += other.cast_bwd_s * times
+        self.dropout_s += other.dropout_s * times
+        self.dropout_bwd_s += other.dropout_bwd_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
         for name, part in other.parts.items():
@@ -171,7 +178,8 @@ class PassCost:
         return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, attention_bwd_s=self.attention_bwd_s,
                         memory_s=self.memory_s,
                         flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s,
-                        adapter_bwd_s=self.adapter_bwd_s, cast_s=self.cast_s, cast_bwd_s=self.cast_bwd_s)
+                        adapter_bwd_s=self.adapter_bwd_s, cast_s=self.cast_s, cast_bwd_s=self.cast_bwd_s,
+                        dropout_s=self.dropout_s, dropout_bwd_s=self.dropout_bwd_s)
 
     def record(self, name: str, since: PassCost) -> None:
         """File the compute added since ``since`` (a :meth:`snapshot`) under module ``name``."""
@@ -186,6 +194,8 @@ class PassCost:
         part.adapter_bwd_s += self.adapter_bwd_s - since.adapter_bwd_s
         part.cast_s += self.cast_s - since.cast_s
         part.cast_bwd_s += self.cast_bwd_s - since.cast_bwd_s
+        part.dropout_s += self.dropout_s - since.dropout_s
+        part.dropout_bwd_s += self.dropout_bwd_s - since.dropout_bwd_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -566,14 +576,15 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
         # Megatron before flash attention: QK^T and AV as batched GEMMs over the full square (the
         # causal mask is applied, not skipped) and the a·s² scores stored in HBM between them:
         # written by QK^T (2 B), read and written by the fused scale-mask-softmax (4 B), dropout
-        # reads them and writes output and mask (5 B), AV reads them (2 B) -- 13 B per score
+        # reads them and writes output and mask (5 B; its own kernel, run only when
+        # sh.attention_dropout > 0: ATen's dropout returns its input at p 0), AV reads them (2 B) -- 13 B per score
         # (Korthikanti et al. 2022 §4.1 counts the same tensors: 5·a·s·b stored bytes per token).
         # The two products reduce over different depths -- QK^T over the head dimension, AV over the
         # keys -- and each pays the GEMM k/(k+K0) fixed cost per output tile like every other GEMM.
         # The backward runs four products of one forward product's FLOPs each -- dV = P^T·dO and
         # dK = dS^T·Q reduce over the queries, dQ = dS·K over the keys, dP = dO·V^T over the head
         # dimension -- and moves 19 B per score: dV reads P (2 B), dP is written (2 B), the dropout
-        # backward reads it and the mask and writes (5 B), the fused softmax backward reads its output
+        # backward reads it and the mask and writes (5 B, with dropout), the fused softmax backward reads its output
         # and the gradient and writes dS (6 B), dQ and dK read dS (4 B). With the A100 GEMM figure this
         # prices one layer of Korthikanti et al.'s 22B model within 1.5 % of their Table 4 (all five
         # configurations); flash's 2.5x rule put its backward 8-18 % over.
@@ -583,11 +594,18 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
         k0 = rf.gemm_k0_bf16
         e_head, e_v = gemm_k_efficiency(dqk / model.heads, k0), gemm_k_efficiency(dv / model.heads, k0)
         e_seq = gemm_k_efficiency(s_keys, k0)
-        c.attention_s += (qk / e_head + av / e_seq) / rf.gemm_flop_per_s_bf16 + scores * 13.0 / rf.hbm_bytes_per_s
+        drop = 5.0 if sh.attention_dropout else 0.0
+        c.attention_s += (qk / e_head + av / e_seq) / rf.gemm_flop_per_s_bf16 \
+            + scores * (8.0 + drop) / rf.hbm_bytes_per_s
         c.attention_bwd_s += (av / e_seq + av / e_v + 2 * qk / e_seq) / rf.gemm_flop_per_s_bf16 \
-            + scores * 19.0 / rf.hbm_bytes_per_s
+            + scores * (14.0 + drop) / rf.hbm_bytes_per_s
+        c.kernels += 1 if drop else 0                            # the dropout kernel
     else:
-        # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys; the head-split
+        # A fused kernel with attention dropout (FlashAttention, cuDNN's fused attention under Transformer
+        # Engine) draws the mask from Philox inside the kernel and draws it again in the backward: no HBM
+        # traffic, and its compute is not priced (no published benchmark sizes it for the kernels fmsim's
+        # figures describe: docs/stacks.md, "Dropout").
+        # Each kernel call (one ring step with CP) sees s/cp queries against s/cp keys; the head-split
         # all-to-all (a2a) runs one call over the whole sequence with 1/cp of the heads
         keys, kernel_len = s_keys * 0.5, (s_keys if sh.cp_comm == "a2a" else s_keys / sh.cp)
         if windowed and model.window is not None:
@@ -862,6 +880,51 @@ def cross_entropy_s(model: ModelSpec, sh: Shard, rf: Roofline) -> tuple[float, f
     return logits * fwd / rf.hbm_bytes_per_s, logits * bwd / rf.hbm_bytes_per_s
 
 
+#: bytes per element of one hidden-dropout site beyond the residual add the operator model prices, (forward,
+#: backward), by kernel fusion (hidden_dropout_bytes)
+HIDDEN_DROPOUT_BYTES = {"fused": (1.0, 5.0), "compiled": (1.0, 5.0), "eager": (5.0, 5.0),
+                        "eager-composite-norm": (5.0, 5.0)}
+
+
+def hidden_dropout_bytes(kernel_fusion: str) -> tuple[float, float, int]:
+    """(forward, backward) HBM bytes per element, and forward kernels, that one hidden-dropout site adds to a
+    block's output -- Megatron's ``hidden_dropout`` before each residual add, after attention and after the MLP
+    (megatron/core/transformer/transformer_layer.py @baf94af3, core_r0.8.0: ``self_attn_bda`` and ``mlp_bda``
+    with ``self.hidden_dropout``) -- beyond the residual add the operator model already prices (read two, write
+    one).
+
+    - fused / compiled: Megatron-Core's ``bias_dropout_add_fused_train`` (megatron/core/fusions/
+      fused_bias_dropout.py @baf94af3: ``x + bias``, ``F.dropout``, ``residual + out`` under ``jit_fuser``,
+      which megatron/core/jit.py makes ``torch.compile`` from PyTorch 2.2 -- NeMo 24.07's container runs 2.4 --
+      and ``torch.jit.script``/nvFuser before) is one generated kernel with the random mask drawn inside it:
+      beyond the add it writes the 1-byte mask it keeps for the backward (Inductor saves the boolean mask; a
+      random op is not recomputed by its partitioner). Its backward scales the output gradient by the mask:
+      read the gradient (2 B) and the mask (1 B), write the input's gradient (2 B) -- where without dropout
+      that gradient is the output's own, passed on. Inductor (``compiled``) fuses dropout into the same
+      pointwise chain.
+    - eager: ``F.dropout`` is ATen's ``native_dropout``, its own kernel: read 2, write the output 2 and the
+      mask 1; its backward ``native_dropout_backward`` reads the gradient and the mask and writes 2.
+
+    At probability 0 nothing runs: ATen's ``dropout`` returns its input when ``p == 0`` (the fused kernel is
+    taken only for 0 < p < 1), and so does the traced function.
+    """
+    fwd, bwd = HIDDEN_DROPOUT_BYTES[kernel_fusion]
+    return fwd, bwd, 1 if kernel_fusion.startswith("eager") else 0
+
+
+def add_hidden_dropout(c: PassCost, model: ModelSpec, sh: Shard, rf: Roofline) -> None:
+    """Add one hidden-dropout site (:func:`hidden_dropout_bytes`) to a block's forward ``c``: over the block
+    output's elements on this rank, the sequence-parallel shard under SP (the residual stream's layout after
+    the row-parallel layer's reduce-scatter)."""
+    if not sh.hidden_dropout:
+        return
+    elements = sh.tokens * model.hidden / (sh.tp if sh.sequence_parallel else 1)
+    fwd, bwd, kernels = hidden_dropout_bytes(sh.kernel_fusion)
+    c.dropout_s += elements * fwd / rf.hbm_bytes_per_s
+    c.dropout_bwd_s += elements * bwd / rf.hbm_bytes_per_s
+    c.kernels += kernels
+
+
 def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool = False) -> PassCost:
     """Backward pass of a forward: 2 × GEMM work, the attention core's own backward (2.5 × a flash
     kernel's forward), 2 × elementwise; the
@@ -902,6 +965,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
                     attention_s=fwd.attention_bwd_s,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
                     cast_s=fwd.cast_bwd_s,
+                    dropout_s=fwd.dropout_bwd_s,
                     adapter_s=fwd.adapter_bwd_s,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,
@@ -917,5 +981,7 @@ def layer_forward(model: ModelSpec, layer: int, sh: Shard, rf: Roofline) -> tupl
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         mlp = dense_mlp_forward(model, ffn, sh, rf)
+    for block in (attn, mlp):
+        add_hidden_dropout(block, model, sh, rf)
     attach_host([attn, mlp], sh)
     return attn, mlp
