@@ -13,9 +13,10 @@ import fmsim
 from fmsim.catalog import load_catalog
 from fmsim.cli import main
 from fmsim.errors import ConfigError
+from fmsim.model.kernels import KERNEL_FIXED_S
 from fmsim.model.memory import layer_activation_bytes
-from fmsim.model.ops import PassCost, Roofline, Shard, attention_forward, backward_of, hidden_dropout_bytes, \
-    layer_forward
+from fmsim.model.dropout import hidden_dropout_bytes
+from fmsim.model.ops import PassCost, Roofline, Shard, attention_forward, backward_of, layer_forward
 from fmsim.scenario import load_scenario, scenario_from_mapping, scenario_to_mapping
 
 from scenario_helpers import small_pretrain
@@ -184,3 +185,28 @@ def test_pass_cost_carries_dropout_through_add_and_backward():
     total.add(c, 2.0)
     assert (total.dropout_s, total.dropout_bwd_s, total.compute_s) == (2.0, 10.0, 2.0)
     assert backward_of(total).compute_s == 10.0
+
+
+def test_the_embeddings_dropout_is_its_own_kernel_whatever_the_fusion():
+    from fmsim.model.ops import embedding_forward
+
+    cat = load_catalog()
+    model, rf = cat.model("gpt3-5b"), Roofline.of(cat.accelerator("h100-sxm"), "bf16")
+    plain = Shard(micro_batch=2, seq_len=2048, tp=2, sequence_parallel=True)
+    dropped = Shard(micro_batch=2, seq_len=2048, tp=2, sequence_parallel=True, hidden_dropout=0.1)
+    a, b = embedding_forward(model, plain, rf), embedding_forward(model, dropped, rf)
+    elements = 2 * 2048 * model.hidden / 2
+    assert b.compute_s - a.compute_s == pytest.approx(elements * 5.0 / rf.hbm_bytes_per_s + KERNEL_FIXED_S)
+    assert backward_of(b).compute_s - backward_of(a).compute_s == \
+        pytest.approx(elements * 5.0 / rf.hbm_bytes_per_s + 2 * KERNEL_FIXED_S)
+
+
+def test_an_moe_layer_pays_its_dropout_sites_too():
+    cat = load_catalog()
+    model = cat.model("mixtral-8x7b")
+    rf = Roofline.of(cat.accelerator("h100-sxm"), "bf16")
+    plain = Shard(micro_batch=1, seq_len=4096, tp=2, ep=4, sequence_parallel=True)
+    dropped = Shard(micro_batch=1, seq_len=4096, tp=2, ep=4, sequence_parallel=True, hidden_dropout=0.1)
+    elements = 4096 * model.hidden / 2
+    for before, after in zip(layer_forward(model, 0, plain, rf), layer_forward(model, 0, dropped, rf)):
+        assert after.compute_s - before.compute_s == pytest.approx(elements / rf.hbm_bytes_per_s)

@@ -39,7 +39,7 @@ OLMo-core's Llama layers run the same ops):
   and the weight's cast), against the fused kernel's read 2, write 2 (Hugging Face's, multiplying the weight in
   16 bits, moves 36 B in 7).
 * residual adds and the attention core are the same kernels in every stack; no dropout in these layers (where a
-  stack runs dropout, ``ops.hidden_dropout_bytes`` prices it per fusion level: its own kernel under eager).
+  stack runs dropout, ``dropout.hidden_dropout_bytes`` prices it per fusion level: its own kernel under eager).
 
 ``compiled`` (torch.compile, Inductor, per transformer block as torchtitan and OLMo-core apply it): each chain of
 pointwise ops (and a norm's reduction with its pointwise tail) becomes one generated kernel, so the norm, the

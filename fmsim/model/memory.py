@@ -89,7 +89,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     ``act_input_bytes``: bytes per element of the MLP activation function's saved input (1 under
     Megatron-Core's ``activation_func_fp8_input_store``, which keeps it as fp8 for the backward).
     ``dropout_mask_bytes``: bytes per element of the mask each hidden-dropout site keeps for its backward
-    (1 under hidden dropout: PyTorch's boolean mask, :func:`fmsim.model.ops.hidden_dropout_bytes`), two sites
+    (1 under hidden dropout: PyTorch's boolean mask, :func:`fmsim.model.dropout.hidden_dropout_bytes`), two sites
     a layer over the residual stream's SP-split h -- the two ``sbh`` masks of Korthikanti et al.'s 34·s·b·h;
     a fused attention kernel keeps no mask of its attention dropout (it draws it again in the backward).
     """

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
+from .dropout import add_hidden_dropout
 from .fusion import add_extra, add_norm_part, attach_host
 from .kernels import (
     BYTES_PER_ELEMENT,
@@ -84,7 +85,7 @@ class Shard:
     kernel_fusion: str = "fused"     # the non-GEMM kernels: fused | compiled | eager | eager-composite-norm (fusion.py)
     cuda_graphs: str = "none"        # none | layer | step: kernels replayed from CUDA graphs (fusion.attach_host)
     fp8_recipe: str = "delayed"      # fp8 runs: how operands are scaled (FP8_RECIPES; fp8_cast_bytes)
-    hidden_dropout: float = 0.0      # dropout on each block's output before its residual add (hidden_dropout_bytes)
+    hidden_dropout: float = 0.0      # on each block's output before its residual add (model.dropout)
     attention_dropout: float = 0.0   # dropout on the attention probabilities (attention_forward)
 
     @property
@@ -828,6 +829,11 @@ def embedding_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             c.comms.append(CommRequest("tp", "reduce-scatter", size))
         else:
             c.comms.append(CommRequest("tp", "all-reduce", size, backward=(("all-reduce", 0.0),)))
+    if sh.hidden_dropout:
+        # the embeddings' dropout, at hidden_dropout: an nn.Dropout module after the sequence-parallel scatter
+        # (Megatron-Core language_model_embedding.py @baf94af3 lines 77 and 132-135), so ATen's own kernel
+        # whatever the layers' fusion (dropout.hidden_dropout_bytes, eager)
+        add_hidden_dropout(c, model, sh, rf, fusion="eager")
     attach_host([c], sh, layer=False)
     return c
 
@@ -878,51 +884,6 @@ def cross_entropy_s(model: ModelSpec, sh: Shard, rf: Roofline) -> tuple[float, f
     logits = sh.tokens * model.vocab / sh.tp
     fwd, bwd = CROSS_ENTROPY_BYTES[sh.cross_entropy]
     return logits * fwd / rf.hbm_bytes_per_s, logits * bwd / rf.hbm_bytes_per_s
-
-
-#: bytes per element of one hidden-dropout site beyond the residual add the operator model prices, (forward,
-#: backward), by kernel fusion (hidden_dropout_bytes)
-HIDDEN_DROPOUT_BYTES = {"fused": (1.0, 5.0), "compiled": (1.0, 5.0), "eager": (5.0, 5.0),
-                        "eager-composite-norm": (5.0, 5.0)}
-
-
-def hidden_dropout_bytes(kernel_fusion: str) -> tuple[float, float, int]:
-    """(forward, backward) HBM bytes per element, and forward kernels, that one hidden-dropout site adds to a
-    block's output -- Megatron's ``hidden_dropout`` before each residual add, after attention and after the MLP
-    (megatron/core/transformer/transformer_layer.py @baf94af3, core_r0.8.0: ``self_attn_bda`` and ``mlp_bda``
-    with ``self.hidden_dropout``) -- beyond the residual add the operator model already prices (read two, write
-    one).
-
-    - fused / compiled: Megatron-Core's ``bias_dropout_add_fused_train`` (megatron/core/fusions/
-      fused_bias_dropout.py @baf94af3: ``x + bias``, ``F.dropout``, ``residual + out`` under ``jit_fuser``,
-      which megatron/core/jit.py makes ``torch.compile`` from PyTorch 2.2 -- NeMo 24.07's container runs 2.4 --
-      and ``torch.jit.script``/nvFuser before) is one generated kernel with the random mask drawn inside it:
-      beyond the add it writes the 1-byte mask it keeps for the backward (Inductor saves the boolean mask; a
-      random op is not recomputed by its partitioner). Its backward scales the output gradient by the mask:
-      read the gradient (2 B) and the mask (1 B), write the input's gradient (2 B) -- where without dropout
-      that gradient is the output's own, passed on. Inductor (``compiled``) fuses dropout into the same
-      pointwise chain.
-    - eager: ``F.dropout`` is ATen's ``native_dropout``, its own kernel: read 2, write the output 2 and the
-      mask 1; its backward ``native_dropout_backward`` reads the gradient and the mask and writes 2.
-
-    At probability 0 nothing runs: ATen's ``dropout`` returns its input when ``p == 0`` (the fused kernel is
-    taken only for 0 < p < 1), and so does the traced function.
-    """
-    fwd, bwd = HIDDEN_DROPOUT_BYTES[kernel_fusion]
-    return fwd, bwd, 1 if kernel_fusion.startswith("eager") else 0
-
-
-def add_hidden_dropout(c: PassCost, model: ModelSpec, sh: Shard, rf: Roofline) -> None:
-    """Add one hidden-dropout site (:func:`hidden_dropout_bytes`) to a block's forward ``c``: over the block
-    output's elements on this rank, the sequence-parallel shard under SP (the residual stream's layout after
-    the row-parallel layer's reduce-scatter)."""
-    if not sh.hidden_dropout:
-        return
-    elements = sh.tokens * model.hidden / (sh.tp if sh.sequence_parallel else 1)
-    fwd, bwd, kernels = hidden_dropout_bytes(sh.kernel_fusion)
-    c.dropout_s += elements * fwd / rf.hbm_bytes_per_s
-    c.dropout_bwd_s += elements * bwd / rf.hbm_bytes_per_s
-    c.kernels += kernels
 
 
 def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool = False) -> PassCost:

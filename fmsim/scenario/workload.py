@@ -86,7 +86,7 @@ class Workload:
     fp8_recipe: str = "delayed"      # FP8_RECIPES (fp8 runs)
     #: dropout probabilities of a training run: on each block's output before its residual add (Megatron's
     #: hidden_dropout, in the fused bias-dropout-add) and on the attention probabilities (attention_dropout,
-    #: inside the attention kernel); 0 = none, what current pre-training recipes ship (ops.hidden_dropout_bytes)
+    #: inside the attention kernel); 0 = none, what current pre-training recipes ship (model.dropout)
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
