@@ -140,7 +140,7 @@ def test_the_stacks_that_state_dropout_cite_the_code_that_sets_it():
     stating = {name for name, prof in stacks.items()
                if prof.setting("workload.hidden_dropout") or prof.setting("workload.attention_dropout")}
     megatron = {"megatron-lm-2021", "megatron-deepspeed-bigscience", "megatron-lm-2022", "megatron-core-0.8"}
-    assert stating == megatron | {"pytorch-fsdp2-example"}
+    assert stating == megatron | {"pytorch-fsdp2-example", "mlperf-v4.0-gpt3"}
     for name in megatron:                             # Megatron-LM's argument defaults
         for key, flag in (("hidden_dropout", "--hidden-dropout"), ("attention_dropout", "--attention-dropout")):
             s = stacks[name].setting(f"workload.{key}")
@@ -150,6 +150,10 @@ def test_the_stacks_that_state_dropout_cite_the_code_that_sets_it():
     for key in ("hidden_dropout", "attention_dropout"):
         s = fsdp2.setting(f"workload.{key}")
         assert s.value == 0.0 and "train.py @9789d443 line 45: ModelArgs(..., dropout_p=0)" in s.source
+    mlperf = stacks["mlperf-v4.0-gpt3"]               # NVIDIA's v4.0 GPT-3 config overrides NeMo's 0.1 with 0.0
+    for key in ("hidden_dropout", "attention_dropout"):
+        s = mlperf.setting(f"workload.{key}")
+        assert s.value == 0.0 and "conf/custom.yaml @62f111b7 lines 73-74" in s.source and f"{key}: 0.0" in s.source
 
 
 @pytest.mark.parametrize("key, value, message", [
