@@ -86,7 +86,8 @@ class Workload:
     fp8_recipe: str = "delayed"      # FP8_RECIPES (fp8 runs)
     #: dropout probabilities of a training run: on each block's output before its residual add (Megatron's
     #: hidden_dropout, in the fused bias-dropout-add) and on the attention probabilities (attention_dropout,
-    #: inside the attention kernel); 0 = none, what current pre-training recipes ship (model.dropout)
+    #: inside the attention kernel); 0 = none, what current pre-training recipes ship (NeMo 2's LlamaConfig, llama.py
+    #: @8cfedd72 lines 73-74; Megatron-Bridge llama_provider.py @f9aad1f3 lines 49-50; torchtitan: none): model.dropout
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
