@@ -35,6 +35,8 @@ SETTABLE: Mapping[str, str] = {
     "workload.kernel_fusion": "training",
     "workload.cuda_graphs": "training",
     "workload.fp8_recipe": "training",
+    "workload.hidden_dropout": "training",
+    "workload.attention_dropout": "training",
     "parallelism.grad_reduce_precision": "training",
     "parallelism.param_gather_precision": "training",
     "parallelism.grad_bucket": "training",

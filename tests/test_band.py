@@ -79,7 +79,8 @@ def _current(sc, path):
                 "cluster.network.in_network_reduction": False, "parallelism.param_fetch": "unit",
                 "parallelism.grad_reduce_op": sc.parallelism.grad_reduce_op,
                 "cluster.network.nvls": True, "workload.kernel_fusion": "fused", "workload.cuda_graphs": "none",
-                "workload.fp8_recipe": "delayed"}[path]
+                "workload.fp8_recipe": "delayed", "workload.hidden_dropout": 0.0,
+                "workload.attention_dropout": 0.0}[path]
     return v
 
 

@@ -38,7 +38,8 @@ OLMo-core's Llama layers run the same ops):
   the weight (4, 4) and the cast back (4, 2) = 40 B per element and 9 kernels (with the per-row add and rsqrt
   and the weight's cast), against the fused kernel's read 2, write 2 (Hugging Face's, multiplying the weight in
   16 bits, moves 36 B in 7).
-* residual adds and the attention core are the same kernels in every stack; no dropout in these layers.
+* residual adds and the attention core are the same kernels in every stack; no dropout in these layers (where a
+  stack runs dropout, ``dropout.hidden_dropout_bytes`` prices it per fusion level: its own kernel under eager).
 
 ``compiled`` (torch.compile, Inductor, per transformer block as torchtitan and OLMo-core apply it): each chain of
 pointwise ops (and a norm's reduction with its pointwise tail) becomes one generated kernel, so the norm, the

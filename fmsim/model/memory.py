@@ -65,7 +65,8 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
                            expert_tp: int | None = None, recompute_modules: tuple[str, ...] = (),
                            gemm_input_bytes: float = 2.0, frozen_mlp: bool = False,
                            moe_load: float = 1.0, act_input_bytes: float = 2.0,
-                           recompute_policy: str = "modules", keep_attention: bool = True) -> float:
+                           recompute_policy: str = "modules", keep_attention: bool = True,
+                           dropout_mask_bytes: float = 0.0) -> float:
     """Stored activation bytes of one layer for one micro-batch on one device.
 
     Per token (bf16, 2 bytes per element), after Korthikanti et al. 2022 §4.1 with flash attention:
@@ -91,6 +92,10 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
     Megatron-Core's ``activation_func_fp8_input_store``, which keeps it as fp8 for the backward).
     ``recompute_policy`` torchtitan-op (with selective): the block's input, its kept mm outputs and SDPA's
     output when ``keep_attention`` (:func:`fmsim.model.sac.saved_bytes_per_token`; dense, 16-bit, cp 1).
+    ``dropout_mask_bytes``: bytes per element of the mask each hidden-dropout site keeps for its backward
+    (1 under hidden dropout: PyTorch's boolean mask, :func:`fmsim.model.dropout.hidden_dropout_bytes`), two sites
+    a layer over the residual stream's SP-split h -- the two ``sbh`` masks of Korthikanti et al.'s 34·s·b·h;
+    a fused attention kernel keeps no mask of its attention dropout (it draws it again in the backward).
     """
     tokens = micro_batch * seq_len / cp
     h = model.hidden
@@ -113,6 +118,7 @@ def layer_activation_bytes(model: ModelSpec, layer: int, *, micro_batch: int, se
         attn_tp = 2.0 * dv + proj_copy              # Q, K, V made again from the kept latents
     mlp_in = 0.0 if frozen_mlp else g * h
     replicated = g * h + 4.0 * h + mlp_in           # QKV input, norms, MLP input (SP-split)
+    replicated += 2.0 * dropout_mask_bytes * h      # the two hidden-dropout masks (SP-split)
     if "layernorm" in mods:
         replicated -= g * h + mlp_in                # the two norm outputs (QKV and MLP inputs) made again
     if model.is_moe_layer(layer):
@@ -188,7 +194,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
                     frozen_mlp: bool = False, offload_layers: int = 0, moe_load: float = 1.0,
                     act_input_bytes: float = 2.0,
                     recomputed: frozenset[int] | None = None, recompute_policy: str = "modules",
-                    keep_attention: bool = True) -> MemoryBreakdown:
+                    keep_attention: bool = True, dropout_mask_bytes: float = 0.0) -> MemoryBreakdown:
     """Memory of the device of pipeline stage ``stage`` holding ``stage_layers`` (all its chunks).
 
     ``offload_layers``: the activations of the stage's first that many layers go to host memory after
@@ -213,7 +219,7 @@ def training_memory(model: ModelSpec, *, stage_layers: list[int], first: bool, l
     per_mb, host_offload = _stage_activations(
         model, tuple(stage_layers), micro_batch, seq_len, tp, cp, sequence_parallel, recompute, ep, etp,
         tuple(recompute_modules), gemm_input_bytes, frozen_mlp, moe_load, act_input_bytes, offload_layers,
-        recomputed, recompute_policy, keep_attention)
+        recomputed, recompute_policy, keep_attention, dropout_mask_bytes)
     acts = per_mb * in_flight_microbatches(schedule, pp, vpp, num_microbatches, stage)
     logits = 0.0
     if last:
@@ -229,7 +235,8 @@ def _stage_activations(model: ModelSpec, stage_layers: tuple[int, ...], micro_ba
                        recompute_modules: tuple[str, ...], gemm_input_bytes: float, frozen_mlp: bool,
                        moe_load: float, act_input_bytes: float, offload_layers: int,
                        recomputed: frozenset[int] | None, recompute_policy: str = "modules",
-                       keep_attention: bool = True) -> tuple[float, float]:
+                       keep_attention: bool = True,
+                       dropout_mask_bytes: float = 0.0) -> tuple[float, float]:
     """(stored activation bytes of one micro-batch on the device, of which offloaded to the host) for a
     stage's layers: what :func:`training_memory` multiplies by the micro-batches in flight. Memoised
     (bounded) on its frozen inputs: it reads neither the data-parallel width, nor the ZeRO stage, nor the
@@ -244,7 +251,8 @@ def _stage_activations(model: ModelSpec, stage_layers: tuple[int, ...], micro_ba
         model, one, micro_batch=micro_batch, seq_len=seq_len, tp=tp, cp=cp, sequence_parallel=sequence_parallel,
         recompute=kind[1], ep=ep, expert_tp=etp, recompute_modules=recompute_modules,
         gemm_input_bytes=gemm_input_bytes, frozen_mlp=frozen_mlp, moe_load=moe_load,
-        act_input_bytes=act_input_bytes, recompute_policy=recompute_policy, keep_attention=keep_attention)
+        act_input_bytes=act_input_bytes, recompute_policy=recompute_policy, keep_attention=keep_attention,
+        dropout_mask_bytes=dropout_mask_bytes)
         for kind, one in first_of.items()}
     per_layer = [by_kind[kind] for kind in kinds]
     off = per_layer[:offload_layers]

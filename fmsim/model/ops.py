@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from ..catalog import Accelerator
 from .architecture import ModelSpec
 from .flops import attention_dims
+from .dropout import add_hidden_dropout
 from .fusion import add_extra, add_norm_part, attach_host
 from .kernels import (
     BYTES_PER_ELEMENT,
@@ -85,6 +86,8 @@ class Shard:
     kernel_fusion: str = "fused"     # the non-GEMM kernels: fused | compiled | eager | eager-composite-norm (fusion.py)
     cuda_graphs: str = "none"        # none | layer | step: kernels replayed from CUDA graphs (fusion.attach_host)
     fp8_recipe: str = "delayed"      # fp8 runs: how operands are scaled (FP8_RECIPES; fp8_cast_bytes)
+    hidden_dropout: float = 0.0      # on each block's output before its residual add (model.dropout)
+    attention_dropout: float = 0.0   # dropout on the attention probabilities (attention_forward)
 
     @property
     def tokens(self) -> float:
@@ -136,6 +139,9 @@ class PassCost:
     #: low-precision casts of the GEMM operands (fp8_cast_bytes): this pass's, and its backward's priced beside it
     cast_s: float = 0.0
     cast_bwd_s: float = 0.0
+    #: hidden dropout's own HBM seconds (hidden_dropout_bytes): this pass's, and its backward's priced beside it
+    dropout_s: float = 0.0
+    dropout_bwd_s: float = 0.0
     #: forward work of the modules selective recompute can run again (RECOMPUTE_MODULES), by name
     parts: dict[str, PassCost] = field(default_factory=dict)
     #: seconds the host takes to issue the pass's kernels, and (set beside a forward) its backward's (fusion.py)
@@ -150,7 +156,7 @@ class PassCost:
     def device_s(self) -> float:
         """The device's seconds: the kernels' roofline time and each kernel's fixed cost."""
         return (self.gemm_s + self.attention_s + self.memory_s + self.adapter_s + self.cast_s
-                + self.kernels * KERNEL_FIXED_S)
+                + self.dropout_s + self.kernels * KERNEL_FIXED_S)
 
     @property
     def compute_s(self) -> float:
@@ -173,6 +179,8 @@ class PassCost:
         self.sync_s += other.sync_s * times
         self.cast_s += other.cast_s * times
         self.cast_bwd_s += other.cast_bwd_s * times
+        self.dropout_s += other.dropout_s * times
+        self.dropout_bwd_s += other.dropout_bwd_s * times
         for _ in range(round(times)):
             self.comms.extend(other.comms)
         for name, part in other.parts.items():
@@ -183,7 +191,8 @@ class PassCost:
         return PassCost(gemm_s=self.gemm_s, attention_s=self.attention_s, attention_bwd_s=self.attention_bwd_s,
                         memory_s=self.memory_s,
                         flops=self.flops, kernels=self.kernels, adapter_s=self.adapter_s,
-                        adapter_bwd_s=self.adapter_bwd_s, cast_s=self.cast_s, cast_bwd_s=self.cast_bwd_s)
+                        adapter_bwd_s=self.adapter_bwd_s, cast_s=self.cast_s, cast_bwd_s=self.cast_bwd_s,
+                        dropout_s=self.dropout_s, dropout_bwd_s=self.dropout_bwd_s)
 
     def record(self, name: str, since: PassCost) -> None:
         """File the compute added since ``since`` (a :meth:`snapshot`) under module ``name``."""
@@ -198,6 +207,8 @@ class PassCost:
         part.adapter_bwd_s += self.adapter_bwd_s - since.adapter_bwd_s
         part.cast_s += self.cast_s - since.cast_s
         part.cast_bwd_s += self.cast_bwd_s - since.cast_bwd_s
+        part.dropout_s += self.dropout_s - since.dropout_s
+        part.dropout_bwd_s += self.dropout_bwd_s - since.dropout_bwd_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,14 +589,15 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
         # Megatron before flash attention: QK^T and AV as batched GEMMs over the full square (the
         # causal mask is applied, not skipped) and the a·s² scores stored in HBM between them:
         # written by QK^T (2 B), read and written by the fused scale-mask-softmax (4 B), dropout
-        # reads them and writes output and mask (5 B), AV reads them (2 B) -- 13 B per score
+        # reads them and writes output and mask (5 B; its own kernel, run only when
+        # sh.attention_dropout > 0: ATen's dropout returns its input at p 0), AV reads them (2 B) -- 13 B per score
         # (Korthikanti et al. 2022 §4.1 counts the same tensors: 5·a·s·b stored bytes per token).
         # The two products reduce over different depths -- QK^T over the head dimension, AV over the
         # keys -- and each pays the GEMM k/(k+K0) fixed cost per output tile like every other GEMM.
         # The backward runs four products of one forward product's FLOPs each -- dV = P^T·dO and
         # dK = dS^T·Q reduce over the queries, dQ = dS·K over the keys, dP = dO·V^T over the head
         # dimension -- and moves 19 B per score: dV reads P (2 B), dP is written (2 B), the dropout
-        # backward reads it and the mask and writes (5 B), the fused softmax backward reads its output
+        # backward reads it and the mask and writes (5 B, with dropout), the fused softmax backward reads its output
         # and the gradient and writes dS (6 B), dQ and dK read dS (4 B). With the A100 GEMM figure this
         # prices one layer of Korthikanti et al.'s 22B model within 1.5 % of their Table 4 (all five
         # configurations); flash's 2.5x rule put its backward 8-18 % over.
@@ -595,11 +607,18 @@ def attention_forward(model: ModelSpec, sh: Shard, rf: Roofline, *, windowed: bo
         k0 = rf.gemm_k0_bf16
         e_head, e_v = gemm_k_efficiency(dqk / model.heads, k0), gemm_k_efficiency(dv / model.heads, k0)
         e_seq = gemm_k_efficiency(s_keys, k0)
-        c.attention_s += (qk / e_head + av / e_seq) / rf.gemm_flop_per_s_bf16 + scores * 13.0 / rf.hbm_bytes_per_s
+        drop = 5.0 if sh.attention_dropout else 0.0
+        c.attention_s += (qk / e_head + av / e_seq) / rf.gemm_flop_per_s_bf16 \
+            + scores * (8.0 + drop) / rf.hbm_bytes_per_s
         c.attention_bwd_s += (av / e_seq + av / e_v + 2 * qk / e_seq) / rf.gemm_flop_per_s_bf16 \
-            + scores * 19.0 / rf.hbm_bytes_per_s
+            + scores * (14.0 + drop) / rf.hbm_bytes_per_s
+        c.kernels += 1 if drop else 0                            # the dropout kernel
     else:
-        # each kernel call (one ring step with CP) sees s/cp queries against s/cp keys; the head-split
+        # A fused kernel with attention dropout (FlashAttention, cuDNN's fused attention under Transformer
+        # Engine) draws the mask from Philox inside the kernel and draws it again in the backward: no HBM
+        # traffic, and its compute is not priced (no published benchmark sizes it for the kernels fmsim's
+        # figures describe: docs/stacks.md, "Dropout").
+        # Each kernel call (one ring step with CP) sees s/cp queries against s/cp keys; the head-split
         # all-to-all (a2a) runs one call over the whole sequence with 1/cp of the heads
         keys, kernel_len = s_keys * 0.5, (s_keys if sh.cp_comm == "a2a" else s_keys / sh.cp)
         if windowed and model.window is not None:
@@ -826,6 +845,11 @@ def embedding_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
             c.comms.append(CommRequest("tp", "reduce-scatter", size))
         else:
             c.comms.append(CommRequest("tp", "all-reduce", size, backward=(("all-reduce", 0.0),)))
+    if sh.hidden_dropout:
+        # the embeddings' dropout, at hidden_dropout: an nn.Dropout module after the sequence-parallel scatter
+        # (Megatron-Core language_model_embedding.py @baf94af3 lines 77 and 132-135), so ATen's own kernel
+        # whatever the layers' fusion (dropout.hidden_dropout_bytes, eager)
+        add_hidden_dropout(c, model, sh, rf, fusion="eager")
     attach_host([c], sh, layer=False)
     return c
 
@@ -918,6 +942,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
                     attention_s=fwd.attention_bwd_s,
                     memory_s=fwd.memory_s * MEM_BWD_FACTOR,
                     cast_s=fwd.cast_bwd_s,
+                    dropout_s=fwd.dropout_bwd_s,
                     adapter_s=fwd.adapter_bwd_s,
                     flops=fwd.flops * gemm_factor,
                     kernels=fwd.kernels * 2,
@@ -933,5 +958,7 @@ def layer_forward(model: ModelSpec, layer: int, sh: Shard, rf: Roofline) -> tupl
     else:
         ffn = model.moe.dense_ffn_hidden if (model.moe and model.moe.dense_ffn_hidden) else model.ffn_hidden
         mlp = dense_mlp_forward(model, ffn, sh, rf)
+    for block in (attn, mlp):
+        add_hidden_dropout(block, model, sh, rf)
     attach_host([attn, mlp], sh)
     return attn, mlp

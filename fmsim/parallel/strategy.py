@@ -629,7 +629,8 @@ def build_plan(sc) -> Plan:
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
                   lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy,
                   kernel_fusion=w.kernel_fusion, cuda_graphs=w.cuda_graphs,
-                  fp8_recipe=w.fp8_recipe)
+                  fp8_recipe=w.fp8_recipe, hidden_dropout=w.hidden_dropout,
+                  attention_dropout=w.attention_dropout)
     coster = CommCoster(inst, shapes, cl.nodes)
     # what a layer keeps for its backward: the GEMMs' quantized inputs under fp8/fp4; under LoRA the
     # frozen base GEMMs keep no inputs and the 16-bit adapters keep theirs
@@ -637,13 +638,14 @@ def build_plan(sc) -> Plan:
     gemm_in = WEIGHT_BYTES if w.lora_rank else low_bytes
     frozen_mlp = bool(w.lora_rank) and w.lora_modules == "attention"
     act_in = BYTES_PER_ELEMENT["fp8"] if par.activation_fp8_input else WEIGHT_BYTES   # the MLP activation's input
+    masks = 1.0 if w.hidden_dropout else 0.0          # PyTorch's boolean dropout masks (memory.layer_activation_bytes)
     offload_s = {}
     if par.offload_activations:    # pp 1 (the scenario enforces it): the stage holds every layer
         for i in layers[0][:par.offload_activations]:
             act = layer_activation_bytes(model, i, micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, cp=cp,
                                          sequence_parallel=shard.sequence_parallel, recompute=par.recompute,
                                          ep=ep, expert_tp=etp, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
-                                         moe_load=w.moe_load, act_input_bytes=act_in)
+                                         moe_load=w.moe_load, act_input_bytes=act_in, dropout_mask_bytes=masks)
             offload_s[i] = act / inst.accelerator.host_link_bytes_per_s
     stages = _stage_costs_shared(model, inst, coster, layers=layers, shard=shard,
                                recompute=par.recompute, overlap_tp=par.overlap.tp_comm, pp=pp, vpp=vpp,
@@ -770,7 +772,8 @@ def build_plan(sc) -> Plan:
                                    act_input_bytes=act_in, recomputed=recomputed,
                                    recompute_policy=par.recompute_policy,
                                    keep_attention=attention_kept(w.attention_kernel,
-                                                                 not acc.attention_flash2_efficiency))
+                                                                 not acc.attention_flash2_efficiency),
+                                   dropout_mask_bytes=masks)
         if w.lora_rank:
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base

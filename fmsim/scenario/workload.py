@@ -33,6 +33,8 @@ WORKLOAD_KEYS = (
     "kernel_fusion",
     "cuda_graphs",
     "fp8_recipe",
+    "hidden_dropout",
+    "attention_dropout",
     "lora",
     "moe_routing",
     "moe_imbalance",
@@ -82,6 +84,12 @@ class Workload:
     kernel_fusion: str = "fused"     # model.fusion.KERNEL_FUSIONS: how fused the non-GEMM kernels are
     cuda_graphs: str = "none"        # model.fusion.CUDA_GRAPHS: none | layer | step
     fp8_recipe: str = "delayed"      # FP8_RECIPES (fp8 runs)
+    #: dropout probabilities of a training run: on each block's output before its residual add (Megatron's
+    #: hidden_dropout, in the fused bias-dropout-add) and on the attention probabilities (attention_dropout,
+    #: inside the attention kernel); 0 = none, what current pre-training recipes ship (NeMo 2's LlamaConfig, llama.py
+    #: @8cfedd72 lines 73-74; Megatron-Bridge llama_provider.py @f9aad1f3 lines 49-50; torchtitan: none): model.dropout
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
     lora_rank: int = 0               # 0 = full training; > 0 = LoRA adapters of this rank, base frozen
     lora_modules: str = "all"        # all | attention
     lora_dropout: float = 0.0        # dropout on each adapter's input (its own kernel)
@@ -225,6 +233,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         if precision != "fp8":
             raise wl.err("fp8_recipe", f"{fp8_recipe} with precision {precision} (expected precision fp8: the "
                          "recipe scales fp8 operands)")
+    hidden_dropout, attention_dropout = (_dropout(wl, key, kind) for key in ("hidden_dropout", "attention_dropout"))
     moe_routing = wl.choice("moe_routing", MOE_ROUTINGS, "balanced")
     if wl.has("moe_routing") and model.moe is None:
         raise wl.err("moe_routing", f"given for {model.name}, which has no experts (expected an MoE model)")
@@ -258,6 +267,8 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         kernel_fusion=kernel_fusion,
         cuda_graphs=cuda_graphs,
         fp8_recipe=fp8_recipe,
+        hidden_dropout=hidden_dropout,
+        attention_dropout=attention_dropout,
         lora_rank=lora_rank,
         lora_modules=lora_modules,
         lora_dropout=lora_dropout,
@@ -267,6 +278,18 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
         moe_capacity_factor=capacity,
         moe_pad_to_capacity=pad,
     ), wl
+
+
+def _dropout(wl: _Section, key: str, kind: str) -> float:
+    """``workload.hidden_dropout`` / ``attention_dropout``: a probability in [0, 1), training kinds only."""
+    if not wl.has(key):
+        return 0.0
+    if kind not in TRAINING_KINDS:
+        raise wl.err(key, f"applies to training kinds only, not {kind!r}")
+    p = wl.quantity(key, float_number, 0.0, inclusive=True, expected="a dropout probability in [0, 1), e.g. 0.1")
+    if p >= 1.0:
+        raise wl.err(key, f"{p:g} must be < 1 (expected a dropout probability in [0, 1), e.g. 0.1)")
+    return p
 
 
 def _moe_load(wl: _Section, model: Any, kind: str) -> tuple[float, float, bool]:

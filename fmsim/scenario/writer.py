@@ -51,6 +51,10 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         workload["cuda_graphs"] = wl.cuda_graphs
     if wl.fp8_recipe != "delayed":
         workload["fp8_recipe"] = wl.fp8_recipe
+    if wl.hidden_dropout:
+        workload["hidden_dropout"] = wl.hidden_dropout
+    if wl.attention_dropout:
+        workload["attention_dropout"] = wl.attention_dropout
     if wl.lora_rank:
         workload["lora"] = {"rank": wl.lora_rank, "modules": wl.lora_modules}
         if wl.lora_dropout:
