@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -126,14 +127,33 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             p.join(timeout=5)
 
 
+#: the settings of a LocalCluster started for a search (``local:N``): none of its housekeeping is wanted
+#: by a search of a few CPU-bound tasks, and on a machine of few cores it competes with the workers --
+#: no dashboard, no statistical profiler sampling each task's stack every 10 ms, the event-loop tick and
+#: the system monitor (CPU, memory, I/O) checked every second instead of every 20 and 500 ms. Measured
+#: here, idle: 0.11 CPU s per second for the scheduler, client and 2 workers together by default, 0.03 so.
+QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "1s"}
+
+
+def local_cluster(workers: int):
+    """A ``LocalCluster`` of ``workers`` single-threaded worker processes, as ``--dask local:N`` starts it
+    (:data:`QUIET_CLUSTER`; the workers take the settings from their nanny)."""
+    import dask
+    from dask.distributed import LocalCluster
+
+    with dask.config.set(QUIET_CLUSTER):
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+
+
 def _dask_client(dask: Any):
-    """(client, cluster to close or None, whether the client is ours to close)."""
+    """(client, cluster to close or None, whether the client is ours to close, workers expected or 0)."""
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
     except ImportError:
         raise ConfigError("--dask needs dask.distributed (pip install 'fmsim[dist]')") from None
     if isinstance(dask, Client):
-        return dask, None, False
+        return dask, None, False, 0
     text = str(dask)
     if text.startswith("local:"):
         try:
@@ -143,26 +163,58 @@ def _dask_client(dask: Any):
         except ValueError:
             raise ConfigError(f"--dask: {text!r} is not valid (expected local:N with N >= 1 workers, "
                               "or a scheduler address such as tcp://host:8786)") from None
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
-        return Client(cluster), cluster, True
+        cluster = local_cluster(n)
+        return Client(cluster), cluster, True, n
     try:
-        return Client(text, timeout="10s"), None, True
+        return Client(text, timeout="10s"), None, True, 0
     except (OSError, TimeoutError, ValueError) as exc:
         raise ConfigError(f"--dask: cannot reach a scheduler at {text!r} ({exc})") from None
+
+
+#: how long a search waits for a scheduler's first worker (a cluster may start its workers on demand)
+DASK_WORKER_WAIT_S = 60.0
+#: once the first worker is there, how long the count may keep growing before the chunks are cut
+DASK_SETTLE_S = 2.0
+
+
+def _dask_threads(client, expected: int = 0) -> int:
+    """Worker threads to cut chunks for: all ``expected`` workers of a cluster we started; on a scheduler
+    with none yet, the first to join (at most :data:`DASK_WORKER_WAIT_S`) and those that join within
+    :data:`DASK_SETTLE_S` of it -- not one worker's share of chunks for a cluster still starting. Workers
+    that join later still get chunks (each at most :data:`MAX_CHUNK` plans) and the base from a peer."""
+    threads = sum(client.nthreads().values())
+    if expected and len(client.nthreads()) < expected:
+        client.wait_for_workers(expected, timeout=DASK_WORKER_WAIT_S)
+        return sum(client.nthreads().values())
+    if threads:
+        return threads
+    try:
+        client.wait_for_workers(1, timeout=DASK_WORKER_WAIT_S)
+    except TimeoutError:
+        raise ConfigError(f"--dask: no worker joined the scheduler at {client.scheduler.address} within "
+                          f"{DASK_WORKER_WAIT_S:.0f} s (expected a cluster with workers)") from None
+    end = time.monotonic() + DASK_SETTLE_S
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        now = sum(client.nthreads().values())
+        if now == threads:
+            break       # the count held still for a quarter second: the workers started together are in
+        threads = now
+    return max(1, sum(client.nthreads().values()))
 
 
 def _run_dask(groups: Sequence[Sequence], base, dask: Any,
               on_chunk: OnChunk | None) -> list[tuple[list, Records]]:
     from dask.distributed import as_completed
 
-    client, cluster, own = _dask_client(dask)
+    client, cluster, own, expected = _dask_client(dask)
     futures = []
     done = 0
     try:
-        workers = max(1, sum(client.nthreads().values()))
-        chunks = _worker_chunks(groups, workers)
+        chunks = _worker_chunks(groups, _dask_threads(client, expected))
         out: list[Records | None] = [None] * len(chunks)
-        base_f = client.scatter(base, broadcast=True)         # once: the tasks carry plan keys only
+        # once per worker: the tasks carry plan keys only, and each worker builds one Evaluator on it
+        base_f = client.scatter(base, broadcast=True, hash=False)
         futures = client.map(evaluate_chunk, chunks, base=base_f, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         for fut, recs in as_completed(futures, with_results=True):
