@@ -89,6 +89,20 @@ def init_worker(base, ignore_sigint: bool = True) -> None:
     _WORKER = Evaluator(base)
 
 
+def dask_setup(worker=None) -> None:
+    """Preload of the worker processes of a cluster started for a search (``--dask local:N``,
+    :func:`fmsim.search.executors.local_cluster`): Ctrl-C, which a terminal sends to the whole process
+    group, is left to the search's own process, which stops the workers (as :func:`init_worker` does);
+    and a chunk cancelled by that stop is not worth a warning from the worker's task state machine."""
+    import logging
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("distributed.worker.state_machine").setLevel(logging.ERROR)
+
+
 def evaluate_chunk(keys: Sequence[Sequence], base=None) -> list[dict[str, Any]]:
     """Records of ``keys``, in order (in a worker: its :class:`Evaluator`; or one built on ``base``)."""
     global _WORKER

@@ -23,7 +23,9 @@ and terminates the worker processes before the exception goes on, so no worker o
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -138,12 +140,25 @@ QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin
 
 def local_cluster(workers: int):
     """A ``LocalCluster`` of ``workers`` single-threaded worker processes, as ``--dask local:N`` starts it
-    (:data:`QUIET_CLUSTER`; the workers take the settings from their nanny)."""
+    (:data:`QUIET_CLUSTER`; the workers take the settings from their nanny).
+
+    Ctrl-C is this process's to handle (it stops the workers): a terminal sends it to the whole process
+    group, and a worker interrupted as it starts prints a traceback and leaves the cluster half made. So
+    the workers start with SIGINT ignored -- a disposition they inherit, and their preload
+    (:func:`fmsim.search.evaluate.dask_setup`) keeps it -- which means that while they start (a second or
+    two) this process ignores Ctrl-C too; the first one after stops the search."""
     import dask
     from dask.distributed import LocalCluster
 
-    with dask.config.set(QUIET_CLUSTER):
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        with dask.config.set(QUIET_CLUSTER):
+            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                dashboard_address=None, preload=["fmsim.search.evaluate"])
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _dask_client(dask: Any):
@@ -223,11 +238,36 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
             done += 1
             if on_chunk:
                 on_chunk(i, chunks[i], recs)
-    finally:
-        if futures and done < len(futures):
+    except BaseException:
+        # stopped (Ctrl-C, SIGTERM) or failed: what is queued is cancelled; the workers of a cluster we
+        # started end now, not after their running chunk (a graceful close waits for it, 4 s, then kills)
+        if futures:
             client.cancel(futures)
+        if cluster is not None:
+            _stop_workers(cluster)
+        raise
+    finally:
         if own:
             client.close()
         if cluster is not None:
             cluster.close()
     return [(c, r) for c, r in zip(chunks, out) if r is not None]
+
+
+def _stop_workers(cluster) -> None:
+    """The worker processes of our ``cluster`` ended at once, quietly (distributed logs a warning per
+    worker it has to kill; a stop asked for is not one)."""
+    import contextlib
+    import logging
+
+    log = logging.getLogger("distributed")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        for nanny in list(cluster.workers.values()):
+            with contextlib.suppress(Exception):
+                cluster.sync(nanny.kill, timeout=0.5)
+        with contextlib.suppress(Exception):
+            cluster.close()
+    finally:
+        log.setLevel(level)
