@@ -1,6 +1,7 @@
 """Speed of the plan search (issue 29 targets), printed with ratios in one run. Not a test.
 
-    python bench/bench_search.py [--plans 100000] [--scenario FILE] [--skip-dask] [--calculon DIR]
+    python bench/bench_search.py [--plans 100000] [--scenario FILE] [--skip-dask | --only-dask]
+                                 [--dask-rounds 6] [--dask-nodes LIST] [--calculon DIR]
 
 Prints, for the example scenario, each figure with the load average beside it (the build machine is
 shared: compare the ratios, measured back to back in one run, more than the absolute figures):
@@ -11,9 +12,13 @@ shared: compare the ratios, measured back to back in one run, more than the abso
      and costed plans/s, per CPU second -- target >= 2,000 plans/s per core; the first search (cold
      caches), the best of two more (warm), and one with the on-disk result cache written;
   3. the same search on 2 local processes (ratio to 1);
-  4. Dask: 1 local worker against 2 (target >= 1.7x): both clusters started first and warmed by one
-     search each (cluster start not timed), then searches alternating between them, each pair's wall
-     ratio and the ratio of the busiest worker's CPU seconds (what two free cores would give);
+  4. Dask: 1 local worker against 2 (target >= 1.7x), clusters made as --dask local:N makes them, started
+     and warmed by one search each before any clock (start-up not timed); then --dask-rounds rounds (6),
+     one search on each, the order alternating 1-2, 2-1 so that load drift weighs on both, each worker's
+     estimate caches emptied before each search (--dask-warm keeps them); each round's wall ratio, the
+     CPU seconds of the one worker, of the busiest of two (their ratio: what two free cores would give)
+     and of the client+scheduler process, then the medians, with the load average at start and end
+     (--only-dask: this item alone; --dask-nodes: a longer search);
   5. a --plans search (default 100,000 candidates) on 2 processes -- target within 60 s;
   6. with --calculon DIR (a checkout of github.com/calculon-ai/calculon; or $CALCULON_HOME): Calculon's
      own search loop (calculon.llm.optimal_execution.OptimalExecution.search, one process) on the same
@@ -172,7 +177,8 @@ def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
                 fmsim.search(sc, top=0, cache_dir=False, dask=client, **base_kw)
                 wall = time.perf_counter() - t
                 c1, me = client.run(time.process_time), time.process_time() - me0
-            return wall, max(c1[k] - c0[k] for k in c1), me
+            used = [c1[k] - c0[k] for k in c1]
+            return wall, max(used), sum(used), me
 
         for w in clusters:
             one(w)          # the workers' imports and catalogs: what follows is the steady state
@@ -182,15 +188,15 @@ def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
         walls, cpus = [], []
         for i in range(rounds):
             got = {w: one(w) for w in ((1, 2) if i % 2 == 0 else (2, 1))}
-            (w1, c1, m1), (w2, c2, m2) = got[1], got[2]
+            (w1, c1, _, m1), (w2, c2, t2, m2) = got[1], got[2]
             walls.append(w1 / w2)
             cpus.append(c1 / c2)
             print(f"4. round {i + 1}: 1 worker {w1:.2f} s, 2 workers {w2:.2f} s wall = {w1 / w2:.2f}x; "
-                  f"busiest worker {c1:.2f} / {c2:.2f} CPU s = {c1 / c2:.2f}x; client+scheduler "
-                  f"{m1:.2f} / {m2:.2f} CPU s  [{load()}]")
-        print(f"4. Dask, 2 workers against 1, median of {rounds} rounds: {statistics.median(walls):.2f}x wall "
-              f"(rounds {min(walls):.2f}-{max(walls):.2f}x), {statistics.median(cpus):.2f}x in the busiest "
-              f"worker's CPU seconds  (target 1.7x)  [load average {_avg(load0)} at the start, "
+                  f"CPU s: the worker {c1:.2f}, the busiest of two {c2:.2f} ({c1 / c2:.2f}x; both {t2:.2f}); "
+                  f"client+scheduler {m1:.2f} / {m2:.2f}  [{load()}]")
+        print(f"4. Dask, 2 workers against 1, median of {rounds} rounds: {statistics.median(walls):.2f}x "
+              f"wall (rounds {min(walls):.2f}-{max(walls):.2f}x), {statistics.median(cpus):.2f}x in the "
+              f"busiest worker's CPU seconds  (target 1.7x)  [load average {_avg(load0)} at the start, "
               f"{_avg(os.getloadavg())} at the end]")
     finally:
         for c in clusters.values():

@@ -144,7 +144,9 @@ def test_stopping_the_search_leaves_no_worker(tmp_path, executor, stop):
     try:
         deadline = time.monotonic() + 60
         kids: list[int] = []
-        while time.monotonic() < deadline and not (len(kids) >= 2 and _cached(tmp_path)) and proc.poll() is None:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(kids) >= 2 and _cached(tmp_path):
+                break
             time.sleep(0.1)
             kids = _children(proc.pid)
         assert len(kids) >= 2 and _cached(tmp_path), "the search never got going"

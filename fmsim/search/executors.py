@@ -255,19 +255,24 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
 
 
 def _stop_workers(cluster) -> None:
-    """The worker processes of our ``cluster`` ended at once, quietly (distributed logs a warning per
-    worker it has to kill; a stop asked for is not one)."""
+    """The worker processes of our ``cluster`` ended at once, together, quietly: each nanny closed (so it
+    does not start its worker again) with half a second's grace before the kill, not the 4 s a graceful
+    close waits for a running chunk; distributed's warning per killed worker is not for a stop asked for.
+    The client and the cluster close after (then at once: measured 0.5 s from Ctrl-C, was 4-6 s)."""
+    import asyncio
     import contextlib
     import logging
+
+    async def kill_all():
+        nannies = list(cluster.workers.values())
+        await asyncio.gather(*(n.close(timeout=0.5, reason="search stopped") for n in nannies),
+                             return_exceptions=True)
 
     log = logging.getLogger("distributed")
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        for nanny in list(cluster.workers.values()):
-            with contextlib.suppress(Exception):
-                cluster.sync(nanny.kill, timeout=0.5)
         with contextlib.suppress(Exception):
-            cluster.close()
+            cluster.sync(kill_all)
     finally:
         log.setLevel(level)
