@@ -93,14 +93,16 @@ def dask_setup(worker=None) -> None:
     """Preload of the worker processes of a cluster started for a search (``--dask local:N``,
     :func:`fmsim.search.executors.local_cluster`): Ctrl-C, which a terminal sends to the whole process
     group, is left to the search's own process, which stops the workers (as :func:`init_worker` does);
-    and a chunk cancelled by that stop is not worth a warning from the worker's task state machine."""
+    and the worker's own log stays quiet: what a search needs from it comes back as a chunk's records or
+    its exception, while a stop made it log a cancelled chunk, or a heartbeat lost as the scheduler went
+    (the nanny, in the search's process, still reports a worker that dies)."""
     import logging
     import signal
     import threading
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.getLogger("distributed.worker.state_machine").setLevel(logging.ERROR)
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
 
 
 def evaluate_chunk(keys: Sequence[Sequence], base=None) -> list[dict[str, Any]]:
