@@ -157,7 +157,9 @@ def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
     timed search every worker's estimate caches are emptied (unless ``warm_caches``): a search starts as a
     user's does, and the one worker does not keep every layout's stage costs while two keep half each.
     Printed per round: wall seconds, the ratio, the busiest worker's CPU seconds and the client process's
-    (scheduler and client share it: on two cores they compete with the second worker); then the medians."""
+    (scheduler and client share it: on two cores they compete with the second worker), and the cores the
+    search got (all its CPU seconds over its wall time: on a shared machine, what the others left it);
+    then the medians."""
     from dask.distributed import Client
 
     from fmsim.parallel import strategy
@@ -185,19 +187,23 @@ def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
         print(f"4. Dask: clusters of 1 and 2 workers started and warmed (not timed); {rounds} rounds, "
               f"{'warm' if warm_caches else 'cold'} estimate caches, order alternating  "
               f"[load average {_avg(load0)} at the start]")
-        walls, cpus = [], []
+        walls, cpus, cores = [], [], []
         for i in range(rounds):
             got = {w: one(w) for w in ((1, 2) if i % 2 == 0 else (2, 1))}
             (w1, c1, _, m1), (w2, c2, t2, m2) = got[1], got[2]
             walls.append(w1 / w2)
             cpus.append(c1 / c2)
+            cores.append(((c1 + m1) / w1, (t2 + m2) / w2))
             print(f"4. round {i + 1}: 1 worker {w1:.2f} s, 2 workers {w2:.2f} s wall = {w1 / w2:.2f}x; "
                   f"CPU s: the worker {c1:.2f}, the busiest of two {c2:.2f} ({c1 / c2:.2f}x; both {t2:.2f}); "
-                  f"client+scheduler {m1:.2f} / {m2:.2f}  [{load()}]")
+                  f"client+scheduler {m1:.2f} / {m2:.2f}; cores the search got {cores[-1][0]:.2f} / "
+                  f"{cores[-1][1]:.2f}  [{load()}]")
         print(f"4. Dask, 2 workers against 1, median of {rounds} rounds: {statistics.median(walls):.2f}x "
               f"wall (rounds {min(walls):.2f}-{max(walls):.2f}x), {statistics.median(cpus):.2f}x in the "
-              f"busiest worker's CPU seconds  (target 1.7x)  [load average {_avg(load0)} at the start, "
-              f"{_avg(os.getloadavg())} at the end]")
+              f"busiest worker's CPU seconds  (target 1.7x); the 2-worker searches got "
+              f"{statistics.median(c[1] for c in cores):.2f} cores (median; 2.0 would be both: fewer is the "
+              f"machine's other load)  [load average {_avg(load0)} at the start, {_avg(os.getloadavg())} at "
+              f"the end]")
     finally:
         for c in clusters.values():
             c.close()

@@ -23,6 +23,7 @@ and terminates the worker processes before the exception goes on, so no worker o
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import signal
 import sys
 import threading
@@ -32,7 +33,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..errors import ConfigError
-from .evaluate import Evaluator, evaluate_chunk, init_worker
+from .evaluate import Evaluator, evaluate_chunk, evaluate_chunk_packed, init_worker
 
 Records = list[dict[str, Any]]
 OnChunk = Callable[[int, Sequence, Records], None]
@@ -131,11 +132,13 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
 
 #: the settings of a LocalCluster started for a search (``local:N``): none of its housekeeping is wanted
 #: by a search of a few CPU-bound tasks, and on a machine of few cores it competes with the workers --
-#: no dashboard, no statistical profiler sampling each task's stack every 10 ms, the event-loop tick and
-#: the system monitor (CPU, memory, I/O) checked every second instead of every 20 and 500 ms. Measured
-#: here, idle: 0.11 CPU s per second for the scheduler, client and 2 workers together by default, 0.03 so.
+#: no dashboard, no statistical profiler sampling each task's stack every 10 ms, and the event-loop tick,
+#: the system monitor and each nanny's look at its worker's memory every second instead of every 20, 500
+#: and 100 ms (a worker over its memory limit is still stopped, within a second). Measured here, idle:
+#: 0.11 CPU s per second for the scheduler, client and 2 workers together by default, 0.02 so.
 QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
-                 "distributed.admin.system-monitor.interval": "1s"}
+                 "distributed.admin.system-monitor.interval": "1s",
+                 "distributed.worker.memory.monitor-interval": "1s"}
 
 
 def local_cluster(workers: int):
@@ -230,11 +233,11 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
         out: list[Records | None] = [None] * len(chunks)
         # once per worker: the tasks carry plan keys only, and each worker builds one Evaluator on it
         base_f = client.scatter(base, broadcast=True, hash=False)
-        futures = client.map(evaluate_chunk, chunks, base=base_f, pure=False)
+        futures = client.map(evaluate_chunk_packed, chunks, base=base_f, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
-        for fut, recs in as_completed(futures, with_results=True):
+        for fut, blob in as_completed(futures, with_results=True):
             i = index[fut.key]
-            out[i] = recs
+            out[i] = recs = pickle.loads(blob)
             done += 1
             if on_chunk:
                 on_chunk(i, chunks[i], recs)
