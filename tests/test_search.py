@@ -356,3 +356,20 @@ def test_search_refuses_what_it_cannot_answer(sc):
         fmsim.search(sc, instances=("p5.48xlarg",), cache_dir=False)
     with pytest.raises(ConfigError, match="more than"):
         fmsim.search(sc, nodes=tuple(range(1, 2000)), axes={"tp": tuple(range(1, 65))}, cache_dir=False)
+
+
+def _missing_module(keys, base=None):
+    raise ModuleNotFoundError("No module named 'fmsim.search.evaluate'")
+
+
+def test_dask_cluster_of_another_fmsim_is_one_located_error(sc, monkeypatch):
+    """A cluster whose workers import another fmsim (or none): one line naming --dask and the fix."""
+    distributed = pytest.importorskip("dask.distributed")
+    from fmsim.search import executors
+
+    monkeypatch.setattr(executors, "evaluate_chunk_packed", _missing_module)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(ConfigError, match=r"--dask: the cluster at .* cannot run this fmsim's tasks "
+                                              r"\(No module named 'fmsim.search.evaluate'\)"):
+            fmsim.search(sc, dask=client, **DASK_OPTS)

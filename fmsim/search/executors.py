@@ -241,13 +241,20 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
             done += 1
             if on_chunk:
                 on_chunk(i, chunks[i], recs)
-    except BaseException:
+    except BaseException as exc:
         # stopped (Ctrl-C, SIGTERM) or failed: what is queued is cancelled; the workers of a cluster we
         # started end now, not after their running chunk (a graceful close waits for it, 4 s, then kills)
         if futures:
             client.cancel(futures)
         if cluster is not None:
             _stop_workers(cluster)
+        if isinstance(exc, Exception) and _other_environment(exc):
+            from .. import __version__
+
+            first = str(exc).strip().split("\n")[0].split(". ")[0].rstrip(".") or type(exc).__name__
+            raise ConfigError(f"--dask: the cluster at {client.scheduler.address} cannot run this fmsim's "
+                              f"tasks ({first}): expected its scheduler and workers to import the same fmsim "
+                              f"({__version__}, from this checkout) and dask as this machine") from None
         raise
     finally:
         if own:
@@ -255,6 +262,14 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
         if cluster is not None:
             cluster.close()
     return [(c, r) for c, r in zip(chunks, out) if r is not None]
+
+
+def _other_environment(exc: Exception) -> bool:
+    """Whether ``exc`` says the cluster's Python is not this one (Dask's own words for it, or a task that
+    names what its fmsim lacks)."""
+    text = str(exc)
+    return (isinstance(exc, ImportError) or "Can't get attribute" in text
+            or "different environments" in text or "Error during deserialization" in text)
 
 
 def _stop_workers(cluster) -> None:
