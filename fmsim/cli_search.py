@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -190,6 +191,7 @@ def render(res, sc) -> str:
     label = "cheapest in time" if res.goal.startswith("deadline") else "fastest"
     lines.append(f"best per instance type ({label}, estimate):")
     lines += [f"  {_line(r)}" for r in res.winners.values()]
+    lines += [f"  {text}" for text in _missed(res)]
     if res.checked:
         lines.append("")
         lines.append("re-checked by the discrete-event simulation (estimate -> simulation):")
@@ -208,6 +210,23 @@ def render(res, sc) -> str:
     else:
         lines.append(f"winner (estimate): {_line(res.ordered[0])}")
     return "\n".join(lines)
+
+
+def _missed(res) -> list[str]:
+    """A line for each searched instance type with no plan meeting the goal: its nearest plan (the
+    fastest for a deadline, the cheapest for a budget), or why it has none."""
+    out = []
+    for inst in sorted(set(res.space.instance) - set(res.winners)):
+        mine = [r for r in res.ranked if r.row["instance"] == inst and math.isfinite(r.time_s)
+                and math.isfinite(r.cost)]
+        if not mine:
+            out.append(f"{inst}: no plan fits and has a price")
+            continue
+        by_cost = res.goal == "budget"
+        near = min(mine, key=lambda r: (r.cost, r.time_s) if by_cost else (r.time_s, r.cost))
+        out.append(f"{inst}: none meets the goal; {'cheapest' if by_cost else 'fastest'}: "
+                   f"{_line(near, why=False)}")
+    return out
 
 
 def _slug(text: str) -> str:

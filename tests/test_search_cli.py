@@ -54,6 +54,26 @@ def test_search_prints_frontier_winners_and_writes_csv_and_scenarios(tmp_path, c
     assert by_name   # rows name the base scenario
 
 
+def test_an_instance_type_that_misses_the_goal_gets_its_nearest_plan(capsys):
+    """With a deadline one instance type meets and the other does not, the report still names both: the
+    winner of one, and the fastest plan of the other with "none meets the goal"."""
+    sc = load_scenario(EXAMPLE)
+    res = fmsim.search(sc, instances=("p5.48xlarge", "p6-b200.48xlarge"), nodes=(8,), top=0, cache_dir=False,
+                       jobs=1, axes={"tp": (4, 8), "pp": (2, 4), "vpp": (1,), "micro_batch": (1,),
+                                     "zero": (1,), "recompute": ("selective",)})
+    fastest = {i: min(r.time_s for r in res.ranked if r.row["instance"] == i) for i in res.space.instance}
+    assert fastest["p6-b200.48xlarge"] < fastest["p5.48xlarge"]
+    days = (fastest["p6-b200.48xlarge"] + fastest["p5.48xlarge"]) / 2 / 86400
+    rc = main(["search", EXAMPLE, "--instances", "p5.48xlarge,p6-b200.48xlarge", "--nodes", "8",
+               "--tp", "4,8", "--pp", "2,4", "--vpp", "1", "--micro-batch", "1", "--zero", "1",
+               "--recompute", "selective", "--deadline", f"{days:.0f}d", "--top", "0", "--no-cache", "-j", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    best = text.split("best per instance type", 1)[1].split("winner", 1)[0]
+    assert "p6-b200.48xlarge x8" in best
+    assert "p5.48xlarge: none meets the goal; fastest: p5.48xlarge x8" in best
+
+
 def test_progress_bar_and_csv_on_stdout(capsys):
     rc = main(["search", EXAMPLE, "--nodes", "8", "--top", "0", "--progress", "--csv", "-", *NARROW])
     cap = capsys.readouterr()
