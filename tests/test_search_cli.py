@@ -66,7 +66,8 @@ def test_an_instance_type_that_misses_the_goal_gets_its_nearest_plan(capsys):
     days = (fastest["p6-b200.48xlarge"] + fastest["p5.48xlarge"]) / 2 / 86400
     rc = main(["search", EXAMPLE, "--instances", "p5.48xlarge,p6-b200.48xlarge", "--nodes", "8",
                "--tp", "4,8", "--pp", "2,4", "--vpp", "1", "--micro-batch", "1", "--zero", "1",
-               "--recompute", "selective", "--deadline", f"{days:.0f}d", "--top", "0", "--no-cache", "-j", "1"])
+               "--recompute", "selective", "--deadline", f"{days:.0f}d", "--top", "0", "--no-cache",
+               "-j", "1"])
     text = capsys.readouterr().out
     assert rc == 0
     best = text.split("best per instance type", 1)[1].split("winner", 1)[0]
