@@ -157,8 +157,11 @@ def local_cluster(workers: int):
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         with dask.config.set(QUIET_CLUSTER):
+            # no dashboard; the scheduler's bare HTTP server (health, metrics) on any free port, not on
+            # 8787, which another cluster on the machine may hold (a warning on stderr each time)
             return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                dashboard_address=None, preload=["fmsim.search.evaluate"])
+                                dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                                preload=["fmsim.search.evaluate"])
     finally:
         if main:
             signal.signal(signal.SIGINT, previous)
