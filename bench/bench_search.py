@@ -204,9 +204,16 @@ def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
               f"{statistics.median(c[1] for c in cores):.2f} cores (median; 2.0 would be both: fewer is the "
               f"machine's other load)  [load average {_avg(load0)} at the start, {_avg(os.getloadavg())} at "
               f"the end]")
+        free = [r for r, c in zip(walls, cores) if c[1] >= FREE_CORES]
+        print(f"4. the rounds whose 2-worker search got at least {FREE_CORES} cores ({len(free)} of {rounds}): "
+              + (f"median {statistics.median(free):.2f}x wall" if free else "none: no round had two free cores"))
     finally:
         for c in clusters.values():
             c.close()
+
+
+#: a 2-worker Dask search that got this many cores had (nearly) both to itself
+FREE_CORES = 1.75
 
 
 def _avg(avg) -> str:
