@@ -1,6 +1,7 @@
 """Speed of the plan search (issue 29 targets), printed with ratios in one run. Not a test.
 
-    python bench/bench_search.py [--plans 100000] [--scenario FILE] [--skip-dask] [--calculon DIR]
+    python bench/bench_search.py [--plans 100000] [--scenario FILE] [--skip-dask | --only-dask]
+                                 [--dask-rounds 6] [--dask-nodes LIST] [--calculon DIR]
 
 Prints, for the example scenario, each figure with the load average beside it (the build machine is
 shared: compare the ratios, measured back to back in one run, more than the absolute figures):
@@ -11,9 +12,13 @@ shared: compare the ratios, measured back to back in one run, more than the abso
      and costed plans/s, per CPU second -- target >= 2,000 plans/s per core; the first search (cold
      caches), the best of two more (warm), and one with the on-disk result cache written;
   3. the same search on 2 local processes (ratio to 1);
-  4. Dask: 1 local worker against 2 (target >= 1.7x): both clusters started first and warmed by one
-     search each (cluster start not timed), then searches alternating between them, each pair's wall
-     ratio and the ratio of the busiest worker's CPU seconds (what two free cores would give);
+  4. Dask: 1 local worker against 2 (target >= 1.7x), clusters made as --dask local:N makes them, started
+     and warmed by one search each before any clock (start-up not timed); then --dask-rounds rounds (6),
+     one search on each, the order alternating 1-2, 2-1 so that load drift weighs on both, each worker's
+     estimate caches emptied before each search (--dask-warm keeps them); each round's wall ratio, the
+     CPU seconds of the one worker, of the busiest of two (their ratio: what two free cores would give)
+     and of the client+scheduler process, then the medians, with the load average at start and end
+     (--only-dask: this item alone; --dask-nodes: a longer search);
   5. a --plans search (default 100,000 candidates) on 2 processes -- target within 60 s;
   6. with --calculon DIR (a checkout of github.com/calculon-ai/calculon; or $CALCULON_HOME): Calculon's
      own search loop (calculon.llm.optimal_execution.OptimalExecution.search, one process) on the same
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import fmsim  # noqa: E402
 from fmsim.scenario import load_scenario, with_plan  # noqa: E402
+from fmsim.search.space import parse_nodes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCES = ("p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge")
@@ -86,7 +92,13 @@ def main() -> None:
                          "refuses most large plans, 2048 admits them, and ZeRO-3 plans with many "
                          "micro-batches are the estimate's slowest)")
     ap.add_argument("--zero", default="1,3", help="ZeRO stages searched (default: the search's, 1,3)")
-    ap.add_argument("--dask-rounds", type=int, default=3, help="alternating Dask pairs timed (default 3)")
+    ap.add_argument("--dask-rounds", type=int, default=6, help="Dask rounds timed, 1 and 2 workers each "
+                                                               "(default 6)")
+    ap.add_argument("--dask-nodes", default=None,
+                    help="node counts of the Dask rounds' space (default: item 2's, 8,16,32,64)")
+    ap.add_argument("--dask-warm", action="store_true",
+                    help="keep the workers' estimate caches between Dask searches (default: emptied)")
+    ap.add_argument("--only-dask", action="store_true", help="item 4 alone")
     ap.add_argument("--calculon", default=None, help="a checkout of github.com/calculon-ai/calculon")
     ap.add_argument("--calculon-seconds", type=float, default=20.0,
                     help="CPU seconds of Calculon's search to time (default 20)")
@@ -94,7 +106,13 @@ def main() -> None:
     sc = load_scenario(args.scenario, overrides={"workload.global_batch": args.global_batch}
                        if args.global_batch else None)
     print(f"scenario {sc.name} (global_batch {sc.workload.global_batch}, ZeRO {args.zero}); "
-          f"{os.cpu_count()} CPU cores visible, {load()}")
+          f"{os.cpu_count()} CPU cores visible; load average {_avg(os.getloadavg())} at the start")
+    zero = tuple(int(z) for z in args.zero.split(","))
+    base_kw = dict(instances=INSTANCES, nodes=(8, 16, 32, 64), axes={"zero": zero})
+    dask_kw = dict(base_kw, nodes=parse_nodes(args.dask_nodes)) if args.dask_nodes else base_kw
+    if args.only_dask:
+        dask_rounds(sc, dask_kw, rounds=args.dask_rounds, warm_caches=args.dask_warm)
+        return
 
     load_ms = per_call_ms(lambda: load_scenario(args.scenario), 50)
     est_ms = per_call_ms(lambda: fmsim.estimate(sc), 100)
@@ -102,8 +120,6 @@ def main() -> None:
     print(f"1. load+validate {load_ms:.2f} ms | estimate {est_ms:.2f} ms | with_plan variant {var_ms:.3f} ms"
           f"  (load/estimate {load_ms / est_ms:.1f}x, load/with_plan {load_ms / var_ms:.0f}x)  [{load()}]")
 
-    zero = tuple(int(z) for z in args.zero.split(","))
-    base_kw = dict(instances=INSTANCES, nodes=(8, 16, 32, 64), axes={"zero": zero})
     dt1, n, costed, res, cpu1 = timed_search(sc, jobs=1, **base_kw)
     per_cluster = n // (len(INSTANCES) * 4)
     warm = min((timed_search(sc, jobs=1, **base_kw) for _ in range(2)), key=lambda r: r[4])
@@ -121,7 +137,7 @@ def main() -> None:
           f"(speed-up {dt1 / dt2:.2f}x over 1 in wall time)  [{load()}]")
 
     if not args.skip_dask:
-        dask_pairs(sc, base_kw, rounds=args.dask_rounds)
+        dask_rounds(sc, dask_kw, rounds=args.dask_rounds, warm_caches=args.dask_warm)
 
     nodes = nodes_for(args.plans, per_cluster)
     dtb, nb, costedb, _, cpub = timed_search(sc, jobs=2, instances=INSTANCES, nodes=nodes,
@@ -131,39 +147,77 @@ def main() -> None:
           f"(target 100,000 within 60 s: {60 / dtb * nb / 100_000:.2f}x of it)  [{load()}]")
 
     calculon_side_by_side(sc, args.calculon or os.environ.get("CALCULON_HOME"), seconds=args.calculon_seconds)
+    print(f"load average {_avg(os.getloadavg())} at the end")
 
 
-def dask_pairs(sc, base_kw, rounds: int) -> None:
-    """Item 4: two LocalClusters (1 and 2 single-threaded worker processes), warmed, then alternating."""
-    from dask.distributed import Client, LocalCluster
+def dask_rounds(sc, base_kw, rounds: int, *, warm_caches: bool = False) -> None:
+    """Item 4: two LocalClusters (1 and 2 single-threaded worker processes), started and warmed by one
+    search each before any clock runs; then ``rounds`` rounds, each one search on each cluster, the order
+    alternating (1-2, 2-1, 1-2 ...) so that a drift in the machine's load weighs on both alike. Before each
+    timed search every worker's estimate caches are emptied (unless ``warm_caches``): a search starts as a
+    user's does, and the one worker does not keep every layout's stage costs while two keep half each.
+    Printed per round: wall seconds, the ratio, the busiest worker's CPU seconds and the client process's
+    (scheduler and client share it: on two cores they compete with the second worker), and the cores the
+    search got (all its CPU seconds over its wall time: on a shared machine, what the others left it);
+    then the medians."""
+    from dask.distributed import Client
 
-    clusters = {w: LocalCluster(n_workers=w, threads_per_worker=1, processes=True, dashboard_address=None)
-                for w in (1, 2)}
+    from fmsim.parallel import strategy
+    from fmsim.search.executors import local_cluster
+
+    load0 = os.getloadavg()
+    clusters = {w: local_cluster(w) for w in (1, 2)}      # as --dask local:N starts them
     try:
         # one client at a time (two live clients in one process tripped a tornado stream assertion here)
         def one(w):
             with Client(clusters[w]) as client:
-                c0 = client.run(time.process_time)
+                client.wait_for_workers(w)
+                if not warm_caches:
+                    client.run(strategy.clear_caches)
+                c0, me0 = client.run(time.process_time), time.process_time()
                 t = time.perf_counter()
                 fmsim.search(sc, top=0, cache_dir=False, dask=client, **base_kw)
                 wall = time.perf_counter() - t
-                c1 = client.run(time.process_time)
-            return wall, max(c1[k] - c0[k] for k in c1)      # the most loaded worker's CPU seconds
+                c1, me = client.run(time.process_time), time.process_time() - me0
+            used = [c1[k] - c0[k] for k in c1]
+            return wall, max(used), sum(used), me
 
         for w in clusters:
-            one(w)          # the workers' imports and caches: what follows is the steady state
-        walls, cpus = [], []
+            one(w)          # the workers' imports and catalogs: what follows is the steady state
+        print(f"4. Dask: clusters of 1 and 2 workers started and warmed (not timed); {rounds} rounds, "
+              f"{'warm' if warm_caches else 'cold'} estimate caches, order alternating  "
+              f"[load average {_avg(load0)} at the start]")
+        walls, cpus, cores = [], [], []
         for i in range(rounds):
-            (w1, c1), (w2, c2) = one(1), one(2)
+            got = {w: one(w) for w in ((1, 2) if i % 2 == 0 else (2, 1))}
+            (w1, c1, _, m1), (w2, c2, t2, m2) = got[1], got[2]
             walls.append(w1 / w2)
             cpus.append(c1 / c2)
-            print(f"4. Dask pair {i + 1}: 1 worker {w1:.2f} s, 2 workers {w2:.2f} s wall ({w1 / w2:.2f}x); "
-                  f"busiest worker {c1:.2f} / {c2:.2f} CPU s ({c1 / c2:.2f}x)  [{load()}]")
-        print(f"4. Dask, 2 workers against 1, median of {rounds} pairs: {statistics.median(walls):.2f}x wall, "
-              f"{statistics.median(cpus):.2f}x in the busiest worker's CPU seconds  (target 1.7x)  [{load()}]")
+            cores.append(((c1 + m1) / w1, (t2 + m2) / w2))
+            print(f"4. round {i + 1}: 1 worker {w1:.2f} s, 2 workers {w2:.2f} s wall = {w1 / w2:.2f}x; "
+                  f"CPU s: the worker {c1:.2f}, the busiest of two {c2:.2f} ({c1 / c2:.2f}x; both {t2:.2f}); "
+                  f"client+scheduler {m1:.2f} / {m2:.2f}; cores the search got {cores[-1][0]:.2f} / "
+                  f"{cores[-1][1]:.2f}  [{load()}]")
+        print(f"4. Dask, 2 workers against 1, median of {rounds} rounds: {statistics.median(walls):.2f}x "
+              f"wall (rounds {min(walls):.2f}-{max(walls):.2f}x), {statistics.median(cpus):.2f}x in the "
+              f"busiest worker's CPU seconds  (target 1.7x); the 2-worker searches got "
+              f"{statistics.median(c[1] for c in cores):.2f} cores (median; 2.0 would be both: fewer is the "
+              f"machine's other load)  [load average {_avg(load0)} at the start, {_avg(os.getloadavg())} at "
+              f"the end]")
+        free = [r for r, c in zip(walls, cores) if c[1] >= FREE_CORES]
+        print(f"4. the rounds whose 2-worker search got at least {FREE_CORES} cores ({len(free)} of {rounds}): "
+              + (f"median {statistics.median(free):.2f}x wall" if free else "none: no round had two free cores"))
     finally:
         for c in clusters.values():
             c.close()
+
+
+#: a 2-worker Dask search that got this many cores had (nearly) both to itself
+FREE_CORES = 1.75
+
+
+def _avg(avg) -> str:
+    return "/".join(f"{v:.2f}" for v in avg) + " (1/5/15 min)"
 
 
 def calculon_side_by_side(sc, path: str | None, *, seconds: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import signal
@@ -204,6 +205,7 @@ def render(res, sc) -> str:
     lines.append(f"best per instance type ({label}, estimate):")
     lines += [f"  {_line(r)}" + (note if (r.key, r.row["pricing_option"]) in missed else "")
               for r in res.winners.values()]
+    lines += [f"  {text}" for text in _missed(res)]
     if res.checked:
         lines.append("")
         lines.append("re-checked by the discrete-event simulation (estimate -> simulation):")
@@ -223,6 +225,24 @@ def render(res, sc) -> str:
     else:
         lines.append(f"winner (estimate): {_line(res.ordered[0])}")
     return "\n".join(lines)
+
+
+def _missed(res) -> list[str]:
+    """A line for each searched instance type with no plan meeting the goal: its nearest plan (the
+    fastest for a deadline, the cheapest for a budget), or why it has none."""
+    from .search.rank import runnable
+
+    out = []
+    for inst in sorted(set(res.space.instance) - set(res.winners)):
+        mine = [r for r in runnable(res.ranked) if r.row["instance"] == inst]
+        if not mine:
+            out.append(f"{inst}: no plan fits and has a price")
+            continue
+        by_cost = res.goal == "budget"
+        near = min(mine, key=lambda r: (r.cost, r.time_s) if by_cost else (r.time_s, r.cost))
+        out.append(f"{inst}: none meets the goal; {'cheapest' if by_cost else 'fastest'}: "
+                   f"{_line(near, why=False)}")
+    return out
 
 
 def _slug(text: str) -> str:

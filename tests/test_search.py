@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
+import threading
 
 import pytest
 from hypothesis import given
@@ -247,14 +249,96 @@ def test_resuming_gives_the_same_frontier(sc, tmp_path):
     assert third.cached == len(full.records)
 
 
-def test_processes_and_dask_give_the_local_answer(sc):
+def _same_answer(res, serial):
+    """The records, and everything ranked from them, equal to the serial search's."""
+    assert res.records == serial.records
+    for name in ("ranked", "ordered", "frontier"):
+        assert [(r.key, r.row) for r in getattr(res, name)] == [(r.key, r.row) for r in getattr(serial, name)]
+    assert {i: r.key for i, r in res.winners.items()} == {i: r.key for i, r in serial.winners.items()}
+
+
+DASK_OPTS = dict(nodes=(8, 16), axes=SMALL, top=0, cache_dir=False, deadline_s=400 * 86400.0)
+
+
+@pytest.fixture(scope="module")
+def serial(sc):
+    return fmsim.search(sc, jobs=1, **DASK_OPTS)
+
+
+def test_processes_and_dask_give_the_local_answer(sc, serial):
     distributed = pytest.importorskip("dask.distributed")
-    opts = dict(nodes=(8, 16), axes=SMALL, top=0, cache_dir=False)
-    serial = fmsim.search(sc, jobs=1, **opts)
-    assert fmsim.search(sc, jobs=2, **opts).records == serial.records
+    _same_answer(fmsim.search(sc, jobs=2, **DASK_OPTS), serial)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        assert fmsim.search(sc, dask=client, **opts).records == serial.records
+        _same_answer(fmsim.search(sc, dask=client, **DASK_OPTS), serial)
+
+
+def _live_children() -> set[int]:
+    """This process's live child processes, but multiprocessing's resource tracker (it lives as long as
+    its parent, whatever started it)."""
+    import os
+    from pathlib import Path
+
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"resource_tracker" not in cmd:
+                out.add(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_dask_local_workers_give_the_local_answer_and_stop(sc, serial):
+    """``--dask local:2``: two worker processes (plans and records pickled across), quiet housekeeping, the
+    local answer, and no worker process left once the search returns."""
+    pytest.importorskip("dask.distributed")
+    from fmsim.search import executors
+
+    before = _live_children()
+    seen = []
+    real = executors._worker_chunks
+
+    def spy(groups, workers):
+        seen.append(workers)
+        return real(groups, workers)
+
+    executors._worker_chunks, saved = spy, executors._worker_chunks
+    try:
+        _same_answer(fmsim.search(sc, dask="local:2", **DASK_OPTS), serial)
+    finally:
+        executors._worker_chunks = saved
+    assert seen == [2]          # chunks cut for both workers
+    assert _live_children() <= before
+
+
+def test_dask_waits_for_a_scheduler_s_first_workers(sc, serial, monkeypatch):
+    """A scheduler with no worker yet: the search waits for the workers (it does not cut one worker's
+    chunks, nor scatter to nobody), then gives the local answer; with none at all, one located error."""
+    distributed = pytest.importorskip("dask.distributed")
+    from fmsim.search import executors
+
+    seen = []
+    real = executors._worker_chunks
+    monkeypatch.setattr(executors, "_worker_chunks", lambda groups, workers: seen.append(workers) or
+                        real(groups, workers))
+    with distributed.LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        monkeypatch.setattr(executors, "DASK_WORKER_WAIT_S", 0.3)
+        with pytest.raises(ConfigError, match="no worker joined"):
+            fmsim.search(sc, dask=client, **DASK_OPTS)
+        monkeypatch.setattr(executors, "DASK_WORKER_WAIT_S", 60.0)
+        timer = threading.Timer(0.5, cluster.scale, args=(2,))
+        timer.start()
+        try:
+            _same_answer(fmsim.search(sc, dask=client, **DASK_OPTS), serial)
+        finally:
+            timer.join()
+    assert seen and seen[-1] >= 1
 
 
 def test_plan_keys_cover_the_axes(small):
@@ -272,3 +356,20 @@ def test_search_refuses_what_it_cannot_answer(sc):
         fmsim.search(sc, instances=("p5.48xlarg",), cache_dir=False)
     with pytest.raises(ConfigError, match="more than"):
         fmsim.search(sc, nodes=tuple(range(1, 2000)), axes={"tp": tuple(range(1, 65))}, cache_dir=False)
+
+
+def _missing_module(keys, base=None):
+    raise ModuleNotFoundError("No module named 'fmsim.search.evaluate'")
+
+
+def test_dask_cluster_of_another_fmsim_is_one_located_error(sc, monkeypatch):
+    """A cluster whose workers import another fmsim (or none): one line naming --dask and the fix."""
+    distributed = pytest.importorskip("dask.distributed")
+    from fmsim.search import executors
+
+    monkeypatch.setattr(executors, "evaluate_chunk_packed", _missing_module)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        with pytest.raises(ConfigError, match=r"--dask: the cluster at .* cannot run this fmsim's tasks "
+                                              r"\(No module named 'fmsim.search.evaluate'\)"):
+            fmsim.search(sc, dask=client, **DASK_OPTS)

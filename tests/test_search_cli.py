@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import signal
 import subprocess
@@ -53,6 +54,27 @@ def test_search_prints_frontier_winners_and_writes_csv_and_scenarios(tmp_path, c
     assert by_name   # rows name the base scenario
 
 
+def test_an_instance_type_that_misses_the_goal_gets_its_nearest_plan(capsys):
+    """With a deadline one instance type meets and the other does not, the report still names both: the
+    winner of one, and the fastest plan of the other with "none meets the goal"."""
+    sc = load_scenario(EXAMPLE)
+    res = fmsim.search(sc, instances=("p5.48xlarge", "p6-b200.48xlarge"), nodes=(8,), top=0, cache_dir=False,
+                       jobs=1, axes={"tp": (4, 8), "pp": (2, 4), "vpp": (1,), "micro_batch": (1,),
+                                     "zero": (1,), "recompute": ("selective",)})
+    fastest = {i: min(r.time_s for r in res.ranked if r.row["instance"] == i) for i in res.space.instance}
+    assert fastest["p6-b200.48xlarge"] < fastest["p5.48xlarge"]
+    days = (fastest["p6-b200.48xlarge"] + fastest["p5.48xlarge"]) / 2 / 86400
+    rc = main(["search", EXAMPLE, "--instances", "p5.48xlarge,p6-b200.48xlarge", "--nodes", "8",
+               "--tp", "4,8", "--pp", "2,4", "--vpp", "1", "--micro-batch", "1", "--zero", "1",
+               "--recompute", "selective", "--deadline", f"{days:.0f}d", "--top", "0", "--no-cache",
+               "-j", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    best = text.split("best per instance type", 1)[1].split("winner", 1)[0]
+    assert "p6-b200.48xlarge x8" in best
+    assert "p5.48xlarge: none meets the goal; fastest: p5.48xlarge x8" in best
+
+
 def test_progress_bar_and_csv_on_stdout(capsys):
     rc = main(["search", EXAMPLE, "--nodes", "8", "--top", "0", "--progress", "--csv", "-", *NARROW])
     cap = capsys.readouterr()
@@ -91,16 +113,31 @@ def test_serving_scenario_is_refused_with_a_pointer(capsys):
 
 
 def _children(pid: int) -> list[int]:
+    """Live children of ``pid``, but multiprocessing's resource tracker (it ends with its parent)."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmd:
                 out.append(int(entry))
     return out
+
+
+def _cached(directory: Path) -> int:
+    """Records in the result cache at ``directory`` (the search is under way once there are some)."""
+    import sqlite3
+
+    from fmsim.search.cache import FILE_NAME
+
+    try:
+        with sqlite3.connect(f"file:{directory / FILE_NAME}?mode=ro", uri=True, timeout=1) as db:
+            return db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    except sqlite3.Error:
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -112,26 +149,38 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_sigterm_stops_the_search_and_its_workers(tmp_path):
-    """SIGTERM mid-search: exit 130, a note on stderr, and no worker process left behind."""
+@pytest.mark.parametrize("executor, stop", [
+    (["-j", "2"], "SIGTERM to the search"),
+    pytest.param(["--dask", "local:2"], "Ctrl-C to the process group",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="no dask")),
+])
+def test_stopping_the_search_leaves_no_worker(tmp_path, executor, stop):
+    """SIGTERM mid-search (once it has cached some plans), or Ctrl-C (a terminal's SIGINT reaches every
+    process of the group, the workers too): exit 130, one note on stderr, no worker process left behind."""
     cmd = [sys.executable, "-m", "fmsim.cli", "search", EXAMPLE, "--instances",
            "p5.48xlarge,p5en.48xlarge,p6-b200.48xlarge", "--nodes", "8..1024", "--pp", "1,2,3,4,5,6,8,10,16",
-           "--cache", str(tmp_path), "-j", "2", "--top", "0", "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--cache", str(tmp_path), "--top", "0", "--no-progress", *executor]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 60
         kids: list[int] = []
-        while time.monotonic() < deadline and len(kids) < 2 and proc.poll() is None:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(kids) >= 2 and _cached(tmp_path):
+                break
             time.sleep(0.1)
             kids = _children(proc.pid)
-        assert len(kids) >= 2, "the workers never started"
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+        assert len(kids) >= 2 and _cached(tmp_path), "the search never got going"
+        if stop.startswith("SIGTERM"):
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
         _out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err
     assert "search stopped" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
     time.sleep(0.2)
     assert not [k for k in kids if _alive(k)]

@@ -164,12 +164,23 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
                     found[i] = rec
         todo = [k for i, k in enumerate(keys) if i not in found] if found else keys
         done = len(found)
+        # each costed plan priced as its record arrives (while the workers cost the rest), put in order after
+        ranks: dict[tuple, list[Ranked]] = {}
+
+        def rank(pairs):
+            for k, rec in pairs:
+                if rec["status"] == "ok":
+                    ranks[k] = [Ranked(k, priced(rec["row"], opt, cat, explicit), rec.get("why", ""))
+                                for opt in space.pricing]
+
+        rank((keys[i], rec) for i, rec in found.items())
         if progress:
             progress(done, len(keys))
 
         def on_chunk(_i, chunk, recs):
             nonlocal done
             cache.put_many(zip(chunk, recs))
+            rank(zip(chunk, recs))
             done += len(chunk)
             if progress:
                 progress(done, len(keys))
@@ -184,8 +195,7 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     goal = "+".join(g for g, v in goals if v is not None) or "frontier"
     out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
                        cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit)
-    out.ranked = [Ranked(k, out._priced(rec["row"], opt), rec.get("why", ""))
-                  for k, rec in records if rec["status"] == "ok" for opt in space.pricing]
+    out.ranked = [r for k in keys if k in ranks for r in ranks[k]]
     out.ordered = goal_order(out.ranked, deadline_s=deadline_s, budget_usd=budget_usd)
     out.frontier = pareto_frontier(out.ranked)
     out.winners = winners_by_instance(out.ordered)

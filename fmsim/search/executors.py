@@ -23,13 +23,17 @@ and terminates the worker processes before the exception goes on, so no worker o
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..errors import ConfigError
-from .evaluate import Evaluator, evaluate_chunk, init_worker
+from .evaluate import Evaluator, evaluate_chunk, evaluate_chunk_packed, init_worker
 
 Records = list[dict[str, Any]]
 OnChunk = Callable[[int, Sequence, Records], None]
@@ -126,14 +130,51 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
             p.join(timeout=5)
 
 
-def _dask_client(dask: Any):
-    """(client, cluster to close or None, whether the client is ours to close)."""
+#: the settings of a LocalCluster started for a search (``local:N``): none of its housekeeping is wanted
+#: by a search of a few CPU-bound tasks, and on a machine of few cores it competes with the workers --
+#: no dashboard, no statistical profiler sampling each task's stack every 10 ms, and the event-loop tick,
+#: the system monitor and each nanny's look at its worker's memory every second instead of every 20, 500
+#: and 100 ms (a worker over its memory limit is still stopped, within a second). Measured here, idle:
+#: 0.11 CPU s per second for the scheduler, client and 2 workers together by default, 0.02 so.
+QUIET_CLUSTER = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+                 "distributed.admin.system-monitor.interval": "1s",
+                 "distributed.worker.memory.monitor-interval": "1s"}
+
+
+def local_cluster(workers: int):
+    """A ``LocalCluster`` of ``workers`` single-threaded worker processes, as ``--dask local:N`` starts it
+    (:data:`QUIET_CLUSTER`; the workers take the settings from their nanny).
+
+    Ctrl-C is this process's to handle (it stops the workers): a terminal sends it to the whole process
+    group, and a worker interrupted as it starts prints a traceback and leaves the cluster half made. So
+    the workers start with SIGINT ignored -- a disposition they inherit, and their preload
+    (:func:`fmsim.search.evaluate.dask_setup`) keeps it -- which means that while they start (a second or
+    two) this process ignores Ctrl-C too; the first one after stops the search."""
+    import dask
+    from dask.distributed import LocalCluster
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
-        from dask.distributed import Client, LocalCluster
+        with dask.config.set(QUIET_CLUSTER):
+            # no dashboard; the scheduler's bare HTTP server (health, metrics) on any free port, not on
+            # 8787, which another cluster on the machine may hold (a warning on stderr each time)
+            return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                dashboard_address=None, scheduler_kwargs={"dashboard_address": ":0"},
+                                preload=["fmsim.search.evaluate"])
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _dask_client(dask: Any):
+    """(client, cluster to close or None, whether the client is ours to close, workers expected or 0)."""
+    try:
+        from dask.distributed import Client
     except ImportError:
         raise ConfigError("--dask needs dask.distributed (pip install 'fmsim[dist]')") from None
     if isinstance(dask, Client):
-        return dask, None, False
+        return dask, None, False, 0
     text = str(dask)
     if text.startswith("local:"):
         try:
@@ -143,39 +184,116 @@ def _dask_client(dask: Any):
         except ValueError:
             raise ConfigError(f"--dask: {text!r} is not valid (expected local:N with N >= 1 workers, "
                               "or a scheduler address such as tcp://host:8786)") from None
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
-        return Client(cluster), cluster, True
+        cluster = local_cluster(n)
+        return Client(cluster), cluster, True, n
     try:
-        return Client(text, timeout="10s"), None, True
+        return Client(text, timeout="10s"), None, True, 0
     except (OSError, TimeoutError, ValueError) as exc:
         raise ConfigError(f"--dask: cannot reach a scheduler at {text!r} ({exc})") from None
+
+
+#: how long a search waits for a scheduler's first worker (a cluster may start its workers on demand)
+DASK_WORKER_WAIT_S = 60.0
+#: once the first worker is there, how long the count may keep growing before the chunks are cut
+DASK_SETTLE_S = 2.0
+
+
+def _dask_threads(client, expected: int = 0) -> int:
+    """Worker threads to cut chunks for: all ``expected`` workers of a cluster we started; on a scheduler
+    with none yet, the first to join (at most :data:`DASK_WORKER_WAIT_S`) and those that join within
+    :data:`DASK_SETTLE_S` of it -- not one worker's share of chunks for a cluster still starting. Workers
+    that join later still get chunks (each at most :data:`MAX_CHUNK` plans) and the base from a peer."""
+    threads = sum(client.nthreads().values())
+    if expected and len(client.nthreads()) < expected:
+        client.wait_for_workers(expected, timeout=DASK_WORKER_WAIT_S)
+        return sum(client.nthreads().values())
+    if threads:
+        return threads
+    try:
+        client.wait_for_workers(1, timeout=DASK_WORKER_WAIT_S)
+    except TimeoutError:
+        raise ConfigError(f"--dask: no worker joined the scheduler at {client.scheduler.address} within "
+                          f"{DASK_WORKER_WAIT_S:.0f} s (expected a cluster with workers)") from None
+    end = time.monotonic() + DASK_SETTLE_S
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        now = sum(client.nthreads().values())
+        if now == threads:
+            break       # the count held still for a quarter second: the workers started together are in
+        threads = now
+    return max(1, sum(client.nthreads().values()))
 
 
 def _run_dask(groups: Sequence[Sequence], base, dask: Any,
               on_chunk: OnChunk | None) -> list[tuple[list, Records]]:
     from dask.distributed import as_completed
 
-    client, cluster, own = _dask_client(dask)
+    client, cluster, own, expected = _dask_client(dask)
     futures = []
     done = 0
     try:
-        workers = max(1, sum(client.nthreads().values()))
-        chunks = _worker_chunks(groups, workers)
+        chunks = _worker_chunks(groups, _dask_threads(client, expected))
         out: list[Records | None] = [None] * len(chunks)
-        base_f = client.scatter(base, broadcast=True)         # once: the tasks carry plan keys only
-        futures = client.map(evaluate_chunk, chunks, base=base_f, pure=False)
+        # once per worker: the tasks carry plan keys only, and each worker builds one Evaluator on it
+        base_f = client.scatter(base, broadcast=True, hash=False)
+        futures = client.map(evaluate_chunk_packed, chunks, base=base_f, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
-        for fut, recs in as_completed(futures, with_results=True):
+        for fut, blob in as_completed(futures, with_results=True):
             i = index[fut.key]
-            out[i] = recs
+            out[i] = recs = pickle.loads(blob)
             done += 1
             if on_chunk:
                 on_chunk(i, chunks[i], recs)
-    finally:
-        if futures and done < len(futures):
+    except BaseException as exc:
+        # stopped (Ctrl-C, SIGTERM) or failed: what is queued is cancelled; the workers of a cluster we
+        # started end now, not after their running chunk (a graceful close waits for it, 4 s, then kills)
+        if futures:
             client.cancel(futures)
+        if cluster is not None:
+            _stop_workers(cluster)
+        if isinstance(exc, Exception) and _other_environment(exc):
+            from .. import __version__
+
+            first = str(exc).strip().split("\n")[0].split(". ")[0].rstrip(".") or type(exc).__name__
+            raise ConfigError(f"--dask: the cluster at {client.scheduler.address} cannot run this fmsim's "
+                              f"tasks ({first}): expected its scheduler and workers to import the same fmsim "
+                              f"({__version__}, from this checkout) and dask as this machine") from None
+        raise
+    finally:
         if own:
             client.close()
         if cluster is not None:
             cluster.close()
     return [(c, r) for c, r in zip(chunks, out) if r is not None]
+
+
+def _other_environment(exc: Exception) -> bool:
+    """Whether ``exc`` says the cluster's Python is not this one (Dask's own words for it, or a task that
+    names what its fmsim lacks)."""
+    text = str(exc)
+    return (isinstance(exc, ImportError) or "Can't get attribute" in text
+            or "different environments" in text or "Error during deserialization" in text)
+
+
+def _stop_workers(cluster) -> None:
+    """The worker processes of our ``cluster`` ended at once, together, quietly: each nanny closed (so it
+    does not start its worker again) with half a second's grace before the kill, not the 4 s a graceful
+    close waits for a running chunk; distributed's warning per killed worker is not for a stop asked for.
+    The client and the cluster close after (then at once: measured 0.5 s from Ctrl-C, was 4-6 s)."""
+    import asyncio
+    import contextlib
+    import logging
+
+    async def kill_all():
+        nannies = list(cluster.workers.values())
+        await asyncio.gather(*(n.close(timeout=0.5, reason="search stopped") for n in nannies),
+                             return_exceptions=True)
+
+    log = logging.getLogger("distributed")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.suppress(Exception):
+            cluster.sync(kill_all)
+    finally:
+        log.setLevel(level)

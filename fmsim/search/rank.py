@@ -58,7 +58,7 @@ class Ranked:
         return (repr(self.key), self.row.get("pricing_option") or "")
 
 
-def _finite(items: Iterable[Ranked]) -> list[Ranked]:
+def runnable(items: Iterable[Ranked]) -> list[Ranked]:
     """The plans with a time and a cost that fit (a re-checked plan the simulation finds over memory never
     ranks, wins or makes the frontier)."""
     return [r for r in items
@@ -67,7 +67,7 @@ def _finite(items: Iterable[Ranked]) -> list[Ranked]:
 
 def pareto_frontier(items: Iterable[Ranked]) -> list[Ranked]:
     """The plans no other plan beats on both time to train and cost (ascending time)."""
-    pts = sorted(_finite(items), key=lambda r: (r.time_s, r.cost, r.sort_key))
+    pts = sorted(runnable(items), key=lambda r: (r.time_s, r.cost, r.sort_key))
     out: list[Ranked] = []
     best_cost = math.inf
     for r in pts:
@@ -84,7 +84,7 @@ def goal_order(items: Iterable[Ranked], *, deadline_s: float | None = None,
     ``deadline_s``: those that train in time, cheapest first; ``budget_usd``: those within it, fastest
     first; both: within both, cheapest first; neither: fastest first (the frontier is separate).
     """
-    pts = _finite(items)
+    pts = runnable(items)
     if deadline_s is not None:
         pts = [r for r in pts if r.time_s <= deadline_s]
     if budget_usd is not None:
