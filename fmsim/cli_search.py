@@ -315,13 +315,35 @@ def run(args: argparse.Namespace) -> int:
                           file=sc.file, field="workload.kind")
     kwargs = search_args(args)
 
+    stops: list[int] = []
+
     def stop(signum, _frame):
+        # raised where the signal lands; if that is a callback whose exceptions Python ignores (distributed's
+        # gc diagnosis), the next chunk's progress call raises it again, so a stop is never lost
+        stops.append(signum)
         raise SearchInterrupted(signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
     bar, update = _progress_bar(args.progress)
+
+    def progress(done: int, total: int) -> None:
+        if stops:
+            raise SearchInterrupted(stops[0])
+        if update is not None:
+            update(done, total)
+
+    hook = sys.unraisablehook
+
+    def quiet(unraisable) -> None:    # a stop swallowed by such a callback: the progress call raises it again
+        if not isinstance(unraisable.exc_value, SearchInterrupted):
+            hook(unraisable)
+
+    sys.unraisablehook = quiet
+    previous = signal.signal(signal.SIGTERM, stop)
+    previous_int = signal.signal(signal.SIGINT, stop)
     try:
-        res = api.search(sc, progress=update, **kwargs)
+        res = api.search(sc, progress=progress, **kwargs)
+        if stops:                      # swallowed after the last chunk: still a stop
+            raise SearchInterrupted(stops[0])
     except (KeyboardInterrupt, SearchInterrupted):
         if bar is not None:
             bar.close()
@@ -331,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_STOPPED
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        sys.unraisablehook = hook
         if bar is not None:
             bar.close()
     # with --csv - the CSV owns stdout: the report goes to stderr
