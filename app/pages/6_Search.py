@@ -18,6 +18,13 @@ from explorer import cache, logic, search_view, widgets
 import fmsim
 
 P = "search"
+#: how the tables show their numbers (sortable: the values stay numbers, only their display is formatted)
+_COLUMNS = {
+    "days": st.column_config.NumberColumn("days to train", format="%.1f"),
+    "cost_usd": st.column_config.NumberColumn("US$ to train", format="compact"),
+    "step_time_s": st.column_config.NumberColumn("step (s)", format="%.3f"),
+    "mfu": st.column_config.NumberColumn("MFU", format="percent"),
+}
 GOALS = ("frontier (time against cost)", "deadline: cheapest in time", "budget: fastest within it")
 
 widgets.page_setup("Search", ":material/travel_explore:")
@@ -108,10 +115,11 @@ def main() -> None:
         st.altair_chart(chart, width="stretch")
         frontier = pts[pts["frontier"]].drop(columns=["frontier"])
         frontier = frontier.sort_values(["days", "cost_usd"], kind="stable")
-        st.dataframe(frontier, hide_index=True, key=f"{P}.frontier")
+        st.dataframe(frontier, hide_index=True, column_config=_COLUMNS, key=f"{P}.frontier")
     st.subheader("Best plan per instance type")
     if res.ordered:
-        st.dataframe(search_view.winners_frame(res), hide_index=True, key=f"{P}.winners")
+        st.dataframe(search_view.winners_frame(res), hide_index=True, column_config=_COLUMNS,
+                     key=f"{P}.winners")
     else:
         st.warning("No plan meets the goal: widen the node counts, the instance types or the goal.")
 
@@ -123,7 +131,7 @@ def main() -> None:
     cells = alt.Chart(heat).encode(x="pp:O", y="tp:O", tooltip=["tp", "pp", "step_time_s", "status", "plan"])
     st.altair_chart(cells.mark_rect().encode(color=alt.Color("step_time_s:Q", title="step s")) +
                     cells.mark_text(fontSize=10).encode(text="status:N"), width="stretch")
-    st.dataframe(heat, hide_index=True, key=f"{P}.heat")
+    st.dataframe(heat, hide_index=True, column_config=_COLUMNS, key=f"{P}.heat")
 
     st.subheader("How many nodes?")
     q1, q2 = st.columns(2)
@@ -134,7 +142,7 @@ def main() -> None:
     if need.empty:
         st.info("No searched node count trains that many tokens in time: search more nodes.")
     else:
-        st.dataframe(need, hide_index=True, key=f"{P}.need")
+        st.dataframe(need, hide_index=True, column_config=_COLUMNS, key=f"{P}.need")
 
     st.subheader("Open a plan as a what-if")
     choices = {search_view.plan_label(r.key, r.row["pricing_option"]): r
