@@ -462,8 +462,8 @@ def test_console_script_module_never_shows_a_traceback(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         (
-            f"{bad}: workload.tp: unknown key 'tp' (known: attention_kernel, cross_entropy, cuda_graphs, fp8_attention, fp8_recipe, "
-            "global_batch, global_batch_tokens, kernel_fusion, kind, lora, micro_batch, model, moe_capacity_factor, "
+            f"{bad}: workload.tp: unknown key 'tp' (known: attention_dropout, attention_kernel, cross_entropy, "
+            "cuda_graphs, fp8_attention, fp8_recipe, global_batch, global_batch_tokens, hidden_dropout, kernel_fusion, kind, lora, micro_batch, model, moe_capacity_factor, "
             "moe_imbalance, "
             "moe_pad_to_capacity, moe_routing, precision, seq_len, train_tokens)"
         )
