@@ -207,7 +207,11 @@ def test_skewed_all_to_all_waits_for_the_hottest_rank():
     shape = GroupShape(size=32, per_node=8)
     uniform = all_to_all_time(GiB, inst, shape)
     assert uniform.time_s == collective_time("all-to-all", GiB, inst, shape).time_s
-    assert all_to_all_time(GiB, inst, shape, skew=2.0).time_s == pytest.approx(2 * uniform.time_s)
+    # the hottest rank's bytes double; the latency of its sends (NCCL's per-message protocol latency and
+    # one post per network peer, fmsim.hardware.dispatch) does not
+    skewed = all_to_all_time(GiB, inst, shape, skew=2.0).time_s
+    assert uniform.time_s < skewed < 2 * uniform.time_s
+    assert skewed == pytest.approx(2 * uniform.time_s, rel=1e-2)
     with pytest.raises(ConfigError, match="skew"):
         all_to_all_time(GiB, inst, shape, skew=0.5)
 

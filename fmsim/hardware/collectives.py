@@ -37,8 +37,11 @@ from dataclasses import dataclass
 
 from ..catalog import Instance, suggest
 from ..errors import ConfigError
+from .dispatch import deepep_instance, nccl_transport, p2p_latency_s, p2p_protocol, protocol_fraction
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
+#: who moves an all-to-all's data: NCCL's grouped send/recv, or DeepEP's normal kernels (all_to_all_time)
+A2A_KERNELS = ("nccl", "deepep")
 
 # busbw = algbw × factor(n): nccl-tests doc/PERFORMANCE.md ("Bus bandwidth" section)
 _BUS_FACTOR: dict[str, Callable[[int], float]] = {
@@ -147,6 +150,10 @@ class GroupView:
     #: the tiers as NCCL's classic ring sees them: its stream crosses the NICs at the fabric's ring
     #: fraction of line rate (empty: the same as ``tiers``)
     ring_tiers: tuple[Tier, ...] = ()
+    #: what NCCL's send/recv protocols need to know (fmsim.hardware.dispatch): the scale-up link kind
+    #: (nvlink | pcie; "" where NCCL does not run: Neuron devices) and the scale-out fabric's catalog name
+    link: str = ""
+    fabric: str = ""
 
     def tier(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
@@ -221,7 +228,9 @@ def group_view(instance: Instance, shape: GroupShape, *, nodes: int | None = Non
                      in_switch=su.in_switch_reduction and su.topology == "crossbar",
                      in_network=fab.in_network_reduction,
                      shared_domain_port=not su.cross_node_bytes_per_s,
-                     ring_tiers=tuple(ring_tiers))
+                     ring_tiers=tuple(ring_tiers),
+                     link=("pcie" if su.kind == "pcie" else "nvlink") if nccl_transport(instance) else "",
+                     fabric=fab.name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -509,7 +518,7 @@ def _a2a_loads(v: GroupView) -> list[tuple[int, Tier]]:
     return out
 
 
-def _direct_cost(op: str, size: float, v: GroupView, *, skew: float = 1.0) -> float:
+def _direct_cost(op: str, size: float, v: GroupView, *, skew: float = 1.0, kernel: str = "nccl") -> float:
     if op == "send-recv":
         # one transfer to the next member; the farthest pair crosses the outermost tier on the
         # sender's own link: T = α + S/B (Hockney 1994, "The communication challenge for MPP")
@@ -520,7 +529,17 @@ def _direct_cost(op: str, size: float, v: GroupView, *, skew: float = 1.0) -> fl
     # ``skew`` times the mean (Thakur et al. 2005, all-to-all with all isend/irecv posted at once)
     n = v.size
     times = [peers / n * size / t.bytes_per_s for peers, t in _a2a_loads(v) if peers > 0]
-    return max(t.latency_s for t in v.tiers) + skew * max(times, default=0.0)
+    if not v.link or kernel != "nccl":
+        # Neuron's collectives and DeepEP's kernels: one hop of the farthest tier, at the link's rate
+        return max(t.latency_s for t in v.tiers) + skew * max(times, default=0.0)
+    # NCCL's send/recv: the protocol the hottest rank's messages get (LL up to 16 KiB a peer, else Simple),
+    # its latency over the farthest link crossed plus a post per network peer, and its payload share of
+    # each link's bandwidth (fmsim.hardware.dispatch; hardware_catalog/dispatch.yaml)
+    remote = v.tier("fabric") is not None
+    proto = p2p_protocol(skew * size / n, v.fabric if remote else None)
+    lat = p2p_latency_s(proto, link=v.link, fabric=v.fabric if remote else None,
+                        remote_peers=n - v.per_domain if remote else 0)
+    return lat + skew * max(times, default=0.0) / protocol_fraction(proto)
 
 
 def _pairwise_cost(op: str, size: float, v: GroupView, *, skew: float = 1.0) -> float:
@@ -551,15 +570,16 @@ def _check_op(op: str) -> None:
         raise ConfigError(f"unknown collective {op!r}{suggest(op, OPS)}", field="op")
 
 
-def _cost(op: str, size_bytes: float, view: GroupView, alg: Algorithm, skew: float) -> float:
-    if op == "all-to-all" and alg.name in ("direct", "pairwise"):
-        fn = _direct_cost if alg.name == "direct" else _pairwise_cost
-        return fn(op, size_bytes, view, skew=skew)
+def _cost(op: str, size_bytes: float, view: GroupView, alg: Algorithm, skew: float, kernel: str = "nccl") -> float:
+    if op == "all-to-all" and alg.name == "direct":
+        return _direct_cost(op, size_bytes, view, skew=skew, kernel=kernel)
+    if op == "all-to-all" and alg.name == "pairwise":
+        return _pairwise_cost(op, size_bytes, view, skew=skew)
     return alg.cost(op, size_bytes, view)
 
 
 def _collective(op: str, size_bytes: float, instance: Instance, shape: GroupShape, algo: str,
-                nodes: int | None, skew: float) -> CollectiveCost:
+                nodes: int | None, skew: float, kernel: str = "nccl") -> CollectiveCost:
     _check_op(op)
     if not isinstance(size_bytes, (int, float)) or not math.isfinite(size_bytes) or size_bytes < 0:
         raise ConfigError(f"size must be a finite number of bytes >= 0, got {size_bytes!r}", field="size")
@@ -584,7 +604,7 @@ def _collective(op: str, size_bytes: float, instance: Instance, shape: GroupShap
         cands = [alg]
     best_t, best = math.inf, cands[0]
     for alg in cands:              # registry order breaks ties: deterministic
-        t = _cost(op, float(size_bytes), view, alg, skew)
+        t = _cost(op, float(size_bytes), view, alg, skew, kernel)
         if t < best_t:
             best_t, best = t, alg
     algbw = size_bytes / best_t
@@ -616,18 +636,27 @@ def collective_time(op: str, size_bytes: float, instance: Instance, shape: Group
 
 
 def all_to_all_time(size_bytes: float, instance: Instance, shape: GroupShape, *, skew: float = 1.0,
-                    algo: str = "auto", nodes: int | None = None) -> CollectiveCost:
+                    algo: str = "auto", nodes: int | None = None, kernel: str = "nccl") -> CollectiveCost:
     """All-to-all where the busiest rank sends and receives ``skew`` times the mean (MoE routing).
 
     ``skew = 1`` is the uniform all-to-all of :func:`collective_time`; ``skew = max/mean`` tokens
-    per expert rank models uneven routing (the step waits for the hottest rank).
+    per expert rank models uneven routing (the step waits for the hottest rank). ``kernel``: ``nccl``
+    (grouped send/recv with NCCL's protocols) or ``deepep`` (DeepEP's normal kernels, algorithm direct).
     """
     if not skew >= 1.0:
         raise ConfigError(f"skew is max/mean load and must be >= 1, got {skew!r}", field="skew")
+    if kernel not in A2A_KERNELS:
+        raise ConfigError(f"unknown all-to-all kernel {kernel!r} (known: {', '.join(A2A_KERNELS)})", field="kernel")
+    if kernel == "deepep":
+        # DeepEP's normal kernels: its own send path, at the NVLink and RDMA fractions of line rate its README
+        # measures at this EP size (fmsim.hardware.dispatch.deepep_normal_fractions)
+        return _collective("all-to-all", size_bytes, deepep_instance(instance, shape.size), shape, "direct",
+                           nodes, float(skew), kernel)
     return _collective("all-to-all", size_bytes, instance, shape, algo, nodes, float(skew))
 
 
 __all__ = [
+    "A2A_KERNELS",
     "ALGORITHMS",
     "NCCL_CHANNELS",
     "NCCL_STEP_BYTES",

@@ -69,7 +69,7 @@ class Shard:
     cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
-    ep_dispatch: str = "alltoall"    # alltoall (NCCL, every token-expert copy) | deepep (per node, line rate)
+    ep_dispatch: str = "alltoall"    # alltoall (NCCL send/recv, every token-expert copy) | deepep (per node, DeepEP rates)
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
@@ -109,7 +109,8 @@ class CommRequest:
     #: beside the data gradient), see _tp_region_comms; empty: the conjugate collective of the same
     #: size (all-gather <-> reduce-scatter, others repeat)
     backward: tuple[tuple, ...] = ()
-    #: moved at the scale-out NIC's line rate rather than the fabric's NCCL efficiency (DeepEP)
+    #: moved by DeepEP's normal kernels at the NVLink and RDMA rates its README measures, rather than by
+    #: NCCL's send/recv (fmsim.hardware.dispatch; all-to-all only)
     line_rate: bool = False
     #: issued asynchronously by the framework itself (the backward's TP collectives of a column-
     #: parallel layer): hidden behind ``overlappable_s`` without TP userbuffers, when the plan's

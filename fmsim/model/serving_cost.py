@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
+from ..hardware.dispatch import deepep_moe_layer_fn
 from .architecture import causal_pairs, window_pairs
 from .kernels import (
     BYTES_PER_ELEMENT,
@@ -122,7 +123,8 @@ class EngineProfile:
     limits_per_rank: bool = False
     #: how the MoE layers of a data-parallel-attention engine move tokens to their experts: ``all-to-all``
     #: (dispatch + combine of each token's top-k copies) or ``allgather`` (every rank gathers all ranks'
-    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back)
+    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back) or ``deepep``
+    #: (DeepEP's low-latency kernels for decode-sized batches, its normal ones above: fmsim.hardware.dispatch)
     moe_comm: str = "all-to-all"
     #: (max_seqs, max_batch_tokens) on a device with under ``large_device_bytes`` of memory or named A100:
     #: vLLM >= 0.9 sets its defaults per device ("device_memory >= 70 * GiB_bytes and 'a100' not in
@@ -494,6 +496,9 @@ class ServingCostModel:
     moe_comm: str = "all-to-all"
     moe_gather_bytes: float = ACT_BYTES
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
+    #: moe_comm ``deepep``: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds
+    #: (fmsim.hardware.dispatch.deepep_moe_layer_fn: low-latency kernels for decode-sized batches, normal above)
+    moe_deepep: Callable[[float, int], float] | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -524,6 +529,8 @@ class ServingCostModel:
                     gathered = tokens * (self.hidden * self.moe_gather_bytes + self.top_k * 8)
                     t += layers * (self.collective("all-gather", gathered, group)
                                    + self.collective("reduce-scatter", tokens * self.hidden * ACT_BYTES, group))
+                elif self.moe_comm == "deepep" and self.moe_deepep is not None:
+                    t += self.num_all_to_all // 2 * self.moe_deepep(tokens / self.engine_gpus * self.pp, group)
                 else:
                     # dispatch / combine: every GPU sends its tokens' top-k hidden states
                     size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
@@ -779,8 +786,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
     acc = instance.accelerator
-    if moe_comm not in ("all-to-all", "allgather"):
-        raise ConfigError(f"moe_comm must be 'all-to-all' or 'allgather' (got {moe_comm!r})")
+    if moe_comm not in ("all-to-all", "allgather", "deepep"):
+        raise ConfigError(f"moe_comm must be 'all-to-all', 'allgather' or 'deepep' (got {moe_comm!r})")
     if moe_impl not in ("generic", "cutlass"):
         raise ConfigError(f"moe_impl must be 'generic' or 'cutlass' (got {moe_impl!r})")
     if tp < 1 or pp < 1 or ep < 1:
@@ -981,6 +988,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
         moe_comm=moe_comm if groups > 1 else "all-to-all",
+        moe_deepep=deepep_moe_layer_fn(instance, model.hidden, moe.top_k,
+                                       1 + 4 / 128 if precision in ("fp8", "fp4") else ACT_BYTES)
+        if moe_comm == "deepep" and groups > 1 and coll is not None else None,
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
     )
 

@@ -258,7 +258,12 @@ class CommCoster:
         hit = self._memo.get(key)      # one lookup: the shared memo may be emptied by another thread's plan
         if hit is None:
             inst = self._line_rate if line_rate else self.instance
-            if op == "all-to-all" and skew != 1.0:
+            if op == "all-to-all" and line_rate:
+                # DeepEP's normal kernels, at the NVLink and RDMA rates its README gives for this EP size
+                # (fmsim.hardware.dispatch); NCCL's send/recv protocols otherwise
+                hit = all_to_all_time(size_bytes, self.instance, shape, skew=skew, nodes=self.nodes,
+                                      kernel="deepep")
+            elif op == "all-to-all" and skew != 1.0:
                 hit = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
             else:
                 hit = collective_time(op, size_bytes, inst, shape, nodes=self.nodes)
