@@ -203,7 +203,9 @@ def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_
     Under uniform routing (the balls-into-bins assumption the serving model's touched-expert count already makes)
     an expert receives ``Binomial(tokens, top_k / experts)`` rows, and its GEMM is cut into ``ceil(rows / tile)``
     row tiles of its own (DeepGEMM's masked layout covers each group's valid rows in whole blocks; CUTLASS grouped
-    GEMM schedules each problem's tiles): the expected tiles ``E[ceil(X / tile)]`` differ from ``ceil(E[X] / tile)``
+    GEMM schedules each problem's tiles; TensorRT-LLM's Hopper MoE GEMMs tile the tokens in 128s, its kernel
+    generator's ``M_TILES = [128]  # Currently M tile must be 128 for Grouped GEMM`` plus 256 x 128,
+    cpp/tensorrt_llm/kernels/cutlass_kernels/python/generate_kernels.py -- :data:`GEMM_TILES`): the expected tiles ``E[ceil(X / tile)]`` differ from ``ceil(E[X] / tile)``
     wherever the mean sits near a tile edge -- more when the mean just fills its last tile (half the experts spill
     into one more), fewer when it barely spills -- which is where decode runs, experts seeing one or two tiles of
     rows; and an expert that draws no row launches no tile. Measured tables with balanced routing (every expert
