@@ -18,7 +18,8 @@ Then the H100/H200 fp8 GEMM figures measured (mamf-finder's FP8 table, 0.71 / 0.
 78.2 -> 78.8 % (inf-094; inf-093 +49.8 -> +52.2 %), latency unchanged.
 Then the CUTLASS fused MoE's own kernels per MoE layer (expert-map sort, stride setup, input quantize): throughput
 median 7.0 % unchanged, worst 78.2 -> 71.4 % (inf-094), latency unchanged; with both, worst 71.9 % (inf-094) and
-MoE rows +24.6 / +48.0 / +71.9 / +4.8 / +10.7 %.
+MoE rows +24.6 / +48.0 / +71.9 / +4.8 / +10.7 %. Then each expert's rows as routing draws them (Binomial, whole
+row tiles per expert: kernels.routed_grouped_gemm_efficiency): worst 71.9 -> 69.0 % (inf-094), median unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -73,11 +74,13 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: +29.6, +49.8, +78.2, +5.9, +12.8 % -- median 29.6, worst 78.2 (the larger per-rank token budget admits prompts
 #: faster on B200 and H200, where all 3000 requests fit the KV cache). Then the CUTLASS fused MoE's own kernels
 #: (expert-map sort, three kernels above 256 rows; grouped-GEMM stride setup; the fp8/nvfp4 input quantize:
-#: serving_cost.CUTLASS_MOE_*): +24.6, +45.6, +71.4, +4.8, +10.7 % -- median 24.6, worst 71.4; bounds at those
-#: plus a margin
+#: serving_cost.CUTLASS_MOE_*): +24.6, +45.6, +71.4, +4.8, +10.7 % -- median 24.6, worst 71.4 (with the fp8 GEMM
+#: figures: +24.6, +48.0, +71.9, +4.8, +10.7). 2026-12-02 (third session), each expert's rows as routing draws them
+#: (Binomial(tokens, k / E), whole row tiles per expert; kernels.routed_grouped_gemm_efficiency): +24.2, +47.6,
+#: +69.0, +3.6, +9.1 % -- median 24.2, worst 69.0; bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
-GUARD_MOE_MEDIAN_PCT = 26.0
-GUARD_MOE_WORST_PCT = 73.5
+GUARD_MOE_MEDIAN_PCT = 25.5
+GUARD_MOE_WORST_PCT = 70.5
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():
@@ -94,6 +97,6 @@ def _worst(latency: bool) -> float:
 
 def test_serving_errors_stay_at_today_s_level():
     assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
-    assert _worst(latency=False) <= 73.5, f"throughput worst {_worst(latency=False):.1f} % (71.9 % measured with the fp8 GEMM figures)"
+    assert _worst(latency=False) <= 70.5, f"throughput worst {_worst(latency=False):.1f} % (69.0 % measured, routed expert rows)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

@@ -9,6 +9,9 @@ the same kernel the same way.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+import numpy as np
 
 # Bytes per element. NVFP4 packs 16 four-bit values with one FP8 (E4M3) scale:
 # 0.5 + 1/16 bytes per element (NVIDIA, "Introducing NVFP4 for efficient and accurate
@@ -100,13 +103,18 @@ TE_GROUPED_GEMM_STREAMS = 4
 
 
 def _tile_round_efficiency(m: float, n: float, k: float, gemms: int, compute_units: int, k0: float,
-                           split_k: bool) -> float:
+                           split_k: bool, m_tiles: Callable[[int], float] | None = None) -> float:
     """Efficiency of ``gemms`` equal (m×k)·(k×n) GEMMs whose tiles share the SMs at once: each GEMM
     cut into its own tiles (an edge tile of one expert cannot take rows of the next), the tiles of all
-    of them in waves over the SMs, split-K (when ``split_k``) where they do not fill one wave."""
+    of them in waves over the SMs, split-K (when ``split_k``) where they do not fill one wave.
+    ``m_tiles(tm)``: the expected row tiles of one GEMM when its rows vary (``m`` is then their mean);
+    ``None``: ``ceil(m / tm)``."""
     best = 0.0
     for tm, tn in GEMM_TILES:
-        mt, nt = math.ceil(m / tm), math.ceil(n / tn)
+        mt = math.ceil(m / tm) if m_tiles is None else m_tiles(tm)
+        nt = math.ceil(n / tn)
+        if mt <= 0:
+            continue
         tiles = gemms * mt * nt
         used = (m * n) / (mt * tm * nt * tn)
         if tiles >= compute_units or not split_k:
@@ -157,3 +165,58 @@ def grouped_gemm_launches(groups: int, concurrent: int | None = None) -> int:
     if concurrent is None or groups <= 1:
         return 1
     return math.ceil(groups / max(1, int(concurrent)))
+
+
+def _binomial_tile_counter(tokens: int, p: float) -> Callable[[int], float]:
+    """``tm -> E[ceil(X / tm)]`` for ``X ~ Binomial(tokens, p)``: the row tiles one expert's GEMM expects when
+    each of ``tokens`` tokens picks it with probability ``p`` (an expert with no rows launches no tile)."""
+    mean = tokens * p
+    sd = math.sqrt(max(mean * (1.0 - p), 0.0))
+    lo = max(0, int(mean - 12.0 * sd) - 1)
+    hi = min(tokens, int(mean + 12.0 * sd) + 2)
+    x = np.arange(lo, hi + 1, dtype=float)
+    if 0.0 < p < 1.0:
+        from scipy.special import gammaln
+
+        logpmf = (math.lgamma(tokens + 1) - gammaln(x + 1) - gammaln(tokens - x + 1)
+                  + x * math.log(p) + (tokens - x) * math.log1p(-p))
+        pmf = np.exp(logpmf)
+    else:
+        pmf = (x == round(mean)).astype(float)
+    pmf = pmf / pmf.sum()
+    cache: dict[int, float] = {}
+
+    def tiles(tm: int) -> float:
+        if tm not in cache:
+            cache[tm] = float(np.dot(pmf, np.ceil(x / tm)))
+        return cache[tm]
+
+    return tiles
+
+
+def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_experts: int, n: float, k: float,
+                                   compute_units: int, k0: float) -> float:
+    """Share of the large-GEMM rate one fused grouped GEMM over a GPU's ``local_experts`` reaches when ``tokens``
+    tokens are routed top-``top_k`` of ``experts``: :func:`grouped_gemm_efficiency` with each expert's rows as routing
+    draws them rather than their mean.
+
+    Under uniform routing (the balls-into-bins assumption the serving model's touched-expert count already makes)
+    an expert receives ``Binomial(tokens, top_k / experts)`` rows, and its GEMM is cut into ``ceil(rows / tile)``
+    row tiles of its own (DeepGEMM's masked layout covers each group's valid rows in whole blocks; CUTLASS grouped
+    GEMM schedules each problem's tiles; TensorRT-LLM's Hopper MoE GEMMs tile the tokens in 128s, its kernel
+    generator's ``M_TILES = [128]  # Currently M tile must be 128 for Grouped GEMM`` plus 256 x 128,
+    cpp/tensorrt_llm/kernels/cutlass_kernels/python/generate_kernels.py -- :data:`GEMM_TILES`): the expected tiles ``E[ceil(X / tile)]`` differ from ``ceil(E[X] / tile)``
+    wherever the mean sits near a tile edge -- more when the mean just fills its last tile (half the experts spill
+    into one more), fewer when it barely spills -- which is where decode runs, experts seeing one or two tiles of
+    rows; and an expert that draws no row launches no tile. Measured tables with balanced routing (every expert
+    the same rows: aiconfigurator's ``balanced`` distribution, DeepGEMM's README benchmark) are the mean case,
+    :func:`grouped_gemm_efficiency`. Never above the dense GEMM of the same rows."""
+    t = max(1, int(math.ceil(tokens)))
+    p = min(1.0, top_k / experts) if experts > 0 else 1.0
+    mean = t * p
+    dense = gemm_efficiency(local_experts * mean, n, k, compute_units, k0)
+    if compute_units <= 0:
+        return dense
+    counter = _binomial_tile_counter(t, p)
+    e = _tile_round_efficiency(mean, n, k, local_experts, compute_units, k0, False, m_tiles=counter)
+    return min(dense, e, 1.0) if e > 0 else dense

@@ -43,7 +43,7 @@ from .kernels import (
     gemm_efficiency,
     gemm_k0,
     gemm_k_efficiency,
-    grouped_gemm_efficiency,
+    routed_grouped_gemm_efficiency,
 )
 
 ACT_BYTES = 2.0          # activations and collectives move bf16
@@ -555,19 +555,18 @@ class ServingCostModel:
         return e
 
     def expert_efficiency(self, tokens: float) -> float:
-        """Compute efficiency of the routed experts for a batch of ``tokens``: each GPU's experts that
-        the batch touches run as one fused grouped GEMM (the serving engines' MoE kernels), each with
-        the rows routed to it -- ``tokens · k / (E · touched)`` when routing is balanced."""
+        """Compute efficiency of the routed experts for a batch of ``tokens``: each GPU's experts run as
+        one fused grouped GEMM (the serving engines' MoE kernels), each expert over the rows routing
+        sends it -- ``Binomial(tokens, k / E)`` under uniform routing, cut into whole row tiles of its own,
+        an expert that draws none launching no tile (kernels.routed_grouped_gemm_efficiency)."""
         if not self.compute_units or not self.expert_gemm_shapes or not self.local_experts:
             return self.expert_gemm_eff
         t = max(1, math.ceil(tokens))
         e = self._expert_eff_cache.get(t)
         if e is None:
-            touched = max(self._touched_fraction(t), 1.0 / self.num_experts)
-            groups = max(1, round(self.local_experts * touched))
-            m = t * self.top_k / (self.num_experts * touched)
             e = self.moe_op_fraction / sum(
-                share / grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.dense_k0)
+                share / routed_grouped_gemm_efficiency(t, self.top_k, self.num_experts, self.local_experts, n, k,
+                                                       self.compute_units, self.dense_k0)
                 for share, k, n in self.expert_gemm_shapes)
             self._expert_eff_cache[t] = e
         return e
