@@ -257,9 +257,12 @@ class ReplicaEngine:
         shared, per = self._job_blocks(job)
         return int(shared + per.sum())
 
-    def _could_admit(self, job: Job) -> bool:
+    def _could_admit(self, job: Job, prefilling_seqs: int | None = None) -> bool:
+        """``prefilling_seqs``: :meth:`_prefilling_seqs` when the caller keeps it (one schedule admitting
+        thousands of jobs would otherwise sum the prefilling list once per admission)."""
         live = _live_samples(job)
-        if self.num_running + self._prefilling_seqs() + live > self.cfg.max_seqs:
+        pf = self._prefilling_seqs() if prefilling_seqs is None else prefilling_seqs
+        if self.num_running + pf + live > self.cfg.max_seqs:
             return False
         need = self._job_block_total(job)
         if self.cfg.admission == "optimistic":
@@ -309,6 +312,7 @@ class ReplicaEngine:
                 break
             chunks.append((job, c))
             budget -= c
+        pf_seqs = self._prefilling_seqs()
         while self.waiting and budget > 0:
             job = self.waiting[0]
             shared, per = self._job_blocks(job, full=True)
@@ -316,7 +320,7 @@ class ReplicaEngine:
                 self.waiting.popleft()      # can never fit, even alone
                 self._reject(job)
                 continue
-            if not self._could_admit(job):
+            if not self._could_admit(job, pf_seqs):
                 break
             if job.prefill_left == 0:
                 # decode-only job (KV arrived from a prefill pool): joins the batch directly
@@ -330,6 +334,7 @@ class ReplicaEngine:
             self.waiting.popleft()
             self._admit(job)
             self.prefilling.append(job)
+            pf_seqs += _live_samples(job)
             chunks.append((job, c))
             budget -= c
         return chunks
