@@ -1009,7 +1009,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
         moe_comm=moe_comm if groups > 1 else "all-to-all",
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
-        **_deepep_fields(deepep, model, instance, gpus * pp, groups > 1, precision, collective),
+        **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
     )
 
 
