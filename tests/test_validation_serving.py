@@ -91,12 +91,26 @@ def test_serving_moe_rows_do_not_regress_past_todays_level():
     assert max(vals.values()) <= GUARD_MOE_WORST_PCT, vals
 
 
+#: issue 28's MoE serving set with SGLang's DeepSeek-V3 large-scale EP rows (inf-113..116, DeepEP as the blog states it;
+#: tests/test_validation_deepseek_serving.py guards them on their own): 2026-12-02 third session, the nine rows
+#: +24.6, +48.0, +71.9, +4.8, +10.7, -12.0, -9.6, -7.4, +1.5 % -- median 10.7, worst 71.9 (inf-094)
+MOE_ROWS_WITH_DEEPSEEK_EP = MOE_ROWS + ("inf-113", "inf-114", "inf-115", "inf-116")
+
+
+def test_serving_moe_set_with_the_deepseek_ep_rows_holds_todays_level():
+    vals = {name: e for name, metric, e in errors()
+            if name in MOE_ROWS_WITH_DEEPSEEK_EP and not metric.startswith(LATENCY_PREFIXES)}
+    assert set(vals) == set(MOE_ROWS_WITH_DEEPSEEK_EP)
+    assert statistics.median(vals.values()) <= 12.5, vals
+    assert max(vals.values()) <= GUARD_MOE_WORST_PCT, vals
+
+
 def _worst(latency: bool) -> float:
     return max(e for _, metric, e in errors() if metric.startswith(LATENCY_PREFIXES) == latency)
 
 
 def test_serving_errors_stay_at_today_s_level():
-    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.0 % measured)"
+    assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.1 % measured, 47 values)"
     assert _worst(latency=False) <= 70.5, f"throughput worst {_worst(latency=False):.1f} % (69.0 % measured, routed expert rows)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

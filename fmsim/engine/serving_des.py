@@ -257,16 +257,19 @@ class ReplicaEngine:
         shared, per = self._job_blocks(job)
         return int(shared + per.sum())
 
-    def _could_admit(self, job: Job) -> bool:
+    def _could_admit(self, job: Job, prefilling_seqs: int | None = None, step_blocks: int | None = None) -> bool:
+        """``prefilling_seqs`` / ``step_blocks``: :meth:`_prefilling_seqs` and ``_new_blocks(1)`` when the caller
+        keeps them (one schedule admitting thousands of jobs would otherwise recompute both per admission)."""
         live = _live_samples(job)
-        if self.num_running + self._prefilling_seqs() + live > self.cfg.max_seqs:
+        pf = self._prefilling_seqs() if prefilling_seqs is None else prefilling_seqs
+        if self.num_running + pf + live > self.cfg.max_seqs:
             return False
         need = self._job_block_total(job)
         if self.cfg.admission == "optimistic":
             # keep room for the next decode step of the running batch and of this job's own live
             # samples (one block each at most): without the latter a job admitted into the last
             # free blocks is preempted again at its first step, re-admitted, and so on forever
-            need += self._new_blocks(1) + live
+            need += (self._new_blocks(1) if step_blocks is None else step_blocks) + live
         return need <= self.free_blocks
 
     def _prefilling_seqs(self) -> int:
@@ -309,6 +312,8 @@ class ReplicaEngine:
                 break
             chunks.append((job, c))
             budget -= c
+        pf_seqs = self._prefilling_seqs()
+        step_blocks = self._new_blocks(1) if cfg.admission == "optimistic" else 0
         while self.waiting and budget > 0:
             job = self.waiting[0]
             shared, per = self._job_blocks(job, full=True)
@@ -316,13 +321,15 @@ class ReplicaEngine:
                 self.waiting.popleft()      # can never fit, even alone
                 self._reject(job)
                 continue
-            if not self._could_admit(job):
+            if not self._could_admit(job, pf_seqs, step_blocks):
                 break
             if job.prefill_left == 0:
                 # decode-only job (KV arrived from a prefill pool): joins the batch directly
                 self.waiting.popleft()
                 self._admit(job)
                 self._start_decoding(job, self.env.now, first_token=False)
+                if cfg.admission == "optimistic":
+                    step_blocks = self._new_blocks(1)       # the running batch grew
                 continue
             c = self._chunk(job, budget, first=not chunks)
             if c == 0:
@@ -330,6 +337,7 @@ class ReplicaEngine:
             self.waiting.popleft()
             self._admit(job)
             self.prefilling.append(job)
+            pf_seqs += _live_samples(job)
             chunks.append((job, c))
             budget -= c
         return chunks

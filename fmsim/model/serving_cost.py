@@ -26,6 +26,7 @@ microbatch's path through all ``pp`` stages: its iteration takes the sum of the 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ import numpy as np
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from ..hardware.dispatch import deepep_moe_layer_fn
 from .architecture import causal_pairs, window_pairs
+from .deepep import DEEPEP_MODES, exchange_sizes
 from .kernels import (
     BYTES_PER_ELEMENT,
     GEMM_K0,
@@ -495,6 +497,14 @@ class ServingCostModel:
     #: tokens it gathers (the experts' activation precision: 1 for fp8, 0.5625 for nvfp4, 2 for 16-bit)
     moe_comm: str = "all-to-all"
     moe_gather_bytes: float = ACT_BYTES
+    #: DeepEP's exchange (``serving.deepep``, fmsim.model.deepep): mode, the nodes the engine spans, the model's
+    #: router groups, whether the dispatch is fp8, and the line-rate fabric it is priced on
+    deepep: str = "none"
+    ep_nodes: int = 1
+    router_groups: int = 1
+    router_group_topk: int = 0
+    deepep_fp8_dispatch: bool = True
+    deepep_collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     #: moe_comm ``deepep``: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds
     #: (fmsim.hardware.dispatch.deepep_moe_layer_fn: low-latency kernels for decode-sized batches, normal above)
@@ -522,7 +532,9 @@ class ServingCostModel:
                 t += self.num_all_reduce * self.collective("all-reduce", size, self.tp)
             if self.num_all_to_all:
                 group = self.engine_gpus // self.pp
-                if self.moe_comm == "allgather":
+                if self.deepep != "none" and self.deepep_collective is not None:
+                    t += self._deepep_time(tokens, group)
+                elif self.moe_comm == "allgather":
                     # per MoE layer: all-gather every rank's quantized tokens with their top-k ids (int32) and
                     # weights (fp32), then reduce-scatter the 16-bit outputs (nccl-tests sizes: the totals)
                     layers = self.num_all_to_all // 2
@@ -540,6 +552,15 @@ class ServingCostModel:
                 size = tokens * self.hidden * ACT_BYTES / (self.engine_gpus // self.pp)
                 t += (self.pp - 1) * self.collective("send-recv", size, 2, 2 if self.pp_same_node else 1)
         return t
+
+    def _deepep_time(self, tokens: float, group: int) -> float:
+        """DeepEP's dispatch and combine over the MoE layers (fmsim.model.deepep), at the line rate."""
+        dispatch, combine = exchange_sizes(self.deepep, tokens_per_rank=tokens / group, hidden=self.hidden,
+                                           top_k=self.top_k, nodes=self.ep_nodes, groups=self.router_groups,
+                                           group_topk=self.router_group_topk, fp8_dispatch=self.deepep_fp8_dispatch)
+        fn = self.deepep_collective
+        assert fn is not None
+        return self.num_all_to_all // 2 * (fn("all-to-all", dispatch, group) + fn("all-to-all", combine, group))
 
     def dense_efficiency(self, tokens: float) -> float:
         """Compute efficiency of the non-expert GEMMs for a batch of ``tokens``: K depth and, on
@@ -766,7 +787,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      collective: CollectiveFn | None | str = "fabric",
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
                      kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
-                     attention_precision: str | None = None, moe_impl: str = "generic") -> ServingCostModel:
+                     attention_precision: str | None = None, moe_impl: str = "generic",
+                     deepep: str = "none") -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -781,6 +803,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     ``moe_impl``: ``generic`` or ``cutlass`` (TensorRT-LLM's CUTLASS fused MoE: its extra kernels per MoE layer and
     the bytes of its input quantize and expert maps; CUTLASS_MOE_*).
 
+    ``deepep``: ``none``, ``normal`` or ``low_latency`` -- the MoE exchange of an attention-DP engine as DeepEP's
+    kernels run it (fmsim.model.deepep: per-node forwarding or pure RDMA, fp8 dispatch, line rate).
+
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
@@ -789,6 +814,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         raise ConfigError(f"moe_comm must be 'all-to-all', 'allgather' or 'deepep' (got {moe_comm!r})")
     if moe_impl not in ("generic", "cutlass"):
         raise ConfigError(f"moe_impl must be 'generic' or 'cutlass' (got {moe_impl!r})")
+    if deepep not in DEEPEP_MODES:
+        raise ConfigError(f"deepep must be one of {', '.join(DEEPEP_MODES)} (got {deepep!r})")
     if tp < 1 or pp < 1 or ep < 1:
         raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     if pp > model.layers:
@@ -991,7 +1018,24 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                                        1 + 4 / 128 if precision in ("fp8", "fp4") else ACT_BYTES)
         if moe_comm == "deepep" and groups > 1 and coll is not None else None,
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
+        **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
     )
+
+
+def _deepep_fields(deepep: str, model: Any, instance: Any, gpus: int, attention_dp: bool, precision: str,
+                   collective: Any) -> dict[str, Any]:
+    """The cost model's DeepEP fields (``deepep``): none without an attention-DP MoE engine; on the fabric model,
+    a copy of the instance at its line rate (fabric efficiency 1), as the training model prices DeepEP."""
+    if deepep == "none" or not attention_dp or model.moe is None:
+        return {}
+    if collective == "fabric":
+        line = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
+        fn: CollectiveFn | None = fabric_collective(line)
+    else:
+        fn = collective   # a test's function, or None (no communication cost)
+    return {"deepep": deepep, "ep_nodes": max(1, math.ceil(gpus / instance.num_accelerators)),
+            "router_groups": model.moe.router_groups or 1, "router_group_topk": model.moe.token_groups(),
+            "deepep_fp8_dispatch": precision in ("fp8", "fp4"), "deepep_collective": fn}
 
 
 def kv_dtype_for(precision: str, requested: str, profile: EngineProfile) -> str:

@@ -137,7 +137,7 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
                                 collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
                                 cpu_overhead_fraction=profile.cpu_overhead_fraction,
                                 moe_comm=profile.moe_comm, attention_precision=attention_precision,
-                                moe_impl=profile.moe_impl)
+                                moe_impl=profile.moe_impl, deepep=sv.deepep if attention_dp else "none")
     except ParallelismError as exc:     # the cost model knows no file: place it at the pool's own layout
         where = {"verifier": "test_time_compute.verifier.tp", "prefill": "serving.disaggregation.prefill_tp",
                  "decode": "serving.disaggregation.decode_tp"}.get(role)

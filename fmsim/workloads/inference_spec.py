@@ -40,7 +40,7 @@ TRAFFIC_KEYS = ("arrival", "rate", "burstiness", "concurrency", "requests", "dur
                 "prompt_len", "output_len", "max_total_len", "think_time", "cached_prefix_len")
 SERVING_KEYS = ("engine", "replicas", "max_seqs", "max_batch_tokens", "chunked_prefill", "mixed_batches",
                 "prefix_caching", "kv_block_size", "memory_fraction", "kv_cache_dtype", "admission",
-                "attention_dp", "router", "disaggregation", "attention_precision")
+                "attention_dp", "router", "disaggregation", "attention_precision", "deepep")
 DISAGG_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 TTC_KEYS = ("samples", "strategy", "revision_rounds", "thinking", "verifier")
 THINKING_KEYS = ("budget", "length")
@@ -448,6 +448,9 @@ class ServingSpec:
     #: the precision the checkpoint keeps its attention projections in (``auto``: the workload precision; NVIDIA's
     #: ModelOpt NVFP4 checkpoints often exclude ``self_attn`` from quantization)
     attention_precision: str = "auto"
+    #: the MoE exchange as DeepEP's kernels run it (SGLang's --deepep-mode): none | normal | low_latency
+    #: (fmsim.model.deepep); needs attention_dp
+    deepep: str = "none"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -575,7 +578,19 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
         router=s.choice("router", ROUTERS, "least-loaded"),
         disaggregation=disagg,
         attention_precision=s.choice("attention_precision", KV_DTYPES, "auto"),
+        deepep=_deepep(s),
     )
+
+
+def _deepep(s: _Section) -> str:
+    """``serving.deepep``: DeepEP's kernels move the tokens of an attention-DP engine's MoE layers."""
+    from ..model.deepep import DEEPEP_MODES
+
+    mode = s.choice("deepep", DEEPEP_MODES, "none")
+    if mode != "none" and not s.boolean("attention_dp", False):
+        raise s.err("deepep", f"{mode} needs attention_dp: true (DeepEP exchanges the tokens of data-parallel "
+                              "attention ranks with the experts spread over all GPUs)")
+    return mode
 
 
 # Sizes no run could need, refused at load (the simulation runs a bounded sample of the requests anyway:
