@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import fmsim.catalog as catalog_pkg
 from fmsim.catalog import data_root, entries, load_catalog, read_folder
 from fmsim.cli import main
 from fmsim.model.architecture import MODEL_KEYS
-from test_catalog_reader import GOOD
+from test_catalog_reader import GOOD, _cli_error, tree  # noqa: F401 (tree: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 # repr(ModelSpec) of every catalog model as the architecture's own reader made it (main @ df3873b), with
@@ -76,26 +75,12 @@ HOSTILE = [
 
 
 @pytest.fixture
-def tree(tmp_path, monkeypatch):
-    """A catalog tree the CLI reads, with the working directory at its root (errors name
-    ``model_catalog/m.yaml``); the real catalog's cache is emptied before and after."""
-    (tmp_path / "hardware_catalog").mkdir()
-    (tmp_path / "hardware_catalog" / "hw.yaml").write_text(GOOD)
-    (tmp_path / "model_catalog").mkdir()
-    monkeypatch.setattr(catalog_pkg, "data_root", lambda: tmp_path)
-    monkeypatch.chdir(tmp_path)
-    load_catalog.cache_clear()
-    yield tmp_path
-    load_catalog.cache_clear()
-
-
-def _one_line(capsys, argv) -> str:
-    code = main(list(argv))
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+def models(tree):
+    """test_catalog_reader's catalog tree (the CLI reads it; errors name ``model_catalog/m.yaml``) with its
+    good hardware file and an empty model folder."""
+    (tree / "hardware_catalog" / "hw.yaml").write_text(GOOD)
+    (tree / "model_catalog").mkdir()
+    return tree
 
 
 def _located(file: str, where: str, field: str, rule: str) -> str:
@@ -103,9 +88,9 @@ def _located(file: str, where: str, field: str, rule: str) -> str:
 
 
 @pytest.mark.parametrize("what, keys, field, rule", HOSTILE, ids=[h[0] for h in HOSTILE])
-def test_a_hostile_catalog_model_entry_is_one_located_line_and_exit_2(tree, capsys, what, keys, field, rule):
-    (tree / "model_catalog" / "m.yaml").write_text(yaml.safe_dump({"models": {"m": {**BASE, **keys}}}))
-    line = _one_line(capsys, ("catalog", "show", "box"))
+def test_a_hostile_catalog_model_entry_is_one_located_line_and_exit_2(models, capsys, what, keys, field, rule):
+    (models / "model_catalog" / "m.yaml").write_text(yaml.safe_dump({"models": {"m": {**BASE, **keys}}}))
+    line = _cli_error(capsys, ("catalog", "show", "box"))
     assert line.startswith(_located("model_catalog/m.yaml", "models.m", field, rule)), line
     assert rule in line, line
 
@@ -117,14 +102,14 @@ def test_a_hostile_inline_model_is_one_located_line_and_exit_2(tmp_path, capsys,
     doc.pop("expect", None)
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(doc))
-    line = _one_line(capsys, ("run", str(path)))
+    line = _cli_error(capsys, ("run", str(path)))
     assert line.startswith(_located(str(path), "workload.model", field, rule)), line
     assert rule in line, line
 
 
-def test_a_catalog_model_that_is_not_a_mapping_or_has_a_key_that_is_no_name_is_refused(tree, capsys):
-    (tree / "model_catalog" / "m.yaml").write_text("models:\n  m: 7\n")
-    assert _one_line(capsys, ("catalog", "show", "box")).startswith("model_catalog/m.yaml: models.m: got a "
+def test_a_catalog_model_that_is_not_a_mapping_or_has_a_key_that_is_no_name_is_refused(models, capsys):
+    (models / "model_catalog" / "m.yaml").write_text("models:\n  m: 7\n")
+    assert _cli_error(capsys, ("catalog", "show", "box")).startswith("model_catalog/m.yaml: models.m: got a "
                                                                       "number (7) (expected a mapping")
-    (tree / "model_catalog" / "m.yaml").write_text("models:\n  m: {layers: 2, 1: 2}\n")
-    assert "models.m.1: key 1 is not a name" in _one_line(capsys, ("catalog", "show", "box"))
+    (models / "model_catalog" / "m.yaml").write_text("models:\n  m: {layers: 2, 1: 2}\n")
+    assert "models.m.1: key 1 is not a name" in _cli_error(capsys, ("catalog", "show", "box"))
