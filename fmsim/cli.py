@@ -305,6 +305,21 @@ def _infeasible(sc: Any, res: Any) -> str | None:
     return None
 
 
+def _unserved(sc: Any, res: Any) -> str | None:
+    """A warning naming the requests a serving run did not serve (rejected, left unfinished), or None: the
+    exit code does not change for them (without an SLO the run exits 0), so stderr says it in one line."""
+    rejected, unfinished = res.get("rejected_requests") or 0, res.get("unfinished_requests") or 0
+    if res.kind != "inference" or not (rejected or unfinished):
+        return None
+    offered = res.get("requests_offered") or res.get("requests_simulated")
+    of = f" of {offered:,}" if offered else ""
+    parts = ([f"{rejected:,}{of} requests rejected (their prompt and output fit no engine's KV cache)"]
+             if rejected else []) + ([f"{unfinished:,} left unfinished at the horizon"] if unfinished else [])
+    verdict = ("no SLO was given, so the run exits 0 all the same" if res.get("slo_met") is None
+               else "they count as a missed SLO")
+    return f"{sc.file or sc.name}: warning: {'; '.join(parts)}; {verdict}"
+
+
 def _report_to_stderr_if(machine_stdout: bool) -> Any:
     """While the human report prints: stdout as it is, or -- when ``--csv -`` / ``--json -`` put the
     machine-readable output there -- stderr, so that stdout holds that output alone."""
@@ -449,6 +464,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         results.append(res)
         with _report_to_stderr_if(args.csv == "-" or args.json == "-"):
             _print_result(sc, res, extra)
+        unserved = _unserved(sc, res)
+        if unserved:
+            _say_error(unserved)
         why = _infeasible(sc, res)
         if why:
             _say_error(why)

@@ -41,6 +41,9 @@ INFERENCE_COLUMNS = (
     "run_output_tokens_per_s", "run_requests_per_s",
     # the band (fmsim.band, `fmsim run --band`), empty without one
     "output_tokens_per_s_low", "output_tokens_per_s_high",
+    # requests the run did not serve: rejected (prompt and output fit no engine's KV cache) and left
+    # unfinished at the horizon; a run without an SLO exits 0 with them, so the row says how many
+    "rejected_requests", "unfinished_requests",
 )
 
 #: kind: rl (docs/rl.md "Results"): the step, its phases and pools, NeMo RL's tokens/s/GPU, cost per step

@@ -8,7 +8,8 @@ This module turns the strings users and catalogs write (``"80 GiB"``, ``"3200 Gb
 * ``K M G T P E`` are decimal (10^3k), ``Ki Mi Gi Ti Pi Ei`` binary (2^10k).
 * A bare number is accepted and taken in the base unit of the dimension (bytes, s, FLOP/s ...).
 
-:func:`format_quantity` is the one formatter every face uses.
+:func:`format_quantity` is the one formatter every face uses (:func:`format_bytes` is its bytes form,
+for messages: ``needs 85.3 GiB per GPU of 80 GiB``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .errors import UnitError
 
 __all__ = [
     "DIMENSIONS",
+    "format_bytes",
     "format_quantity",
     "parse_bytes",
     "parse_count",
@@ -192,3 +194,9 @@ def format_quantity(value: float, dimension: str, digits: int = 3) -> str:
         if abs(value) >= scale or p == "":
             return f"{_significant(value / scale, digits)} {p}{suffix}".strip()
     return str(value)  # pragma: no cover
+
+
+def format_bytes(value: float) -> str:
+    """A size in bytes in its human form, as messages write it: ``format_bytes(80 * 2**30) == '80 GiB'``,
+    ``'85.3 GiB'``, ``'512 MiB'``, ``'1.21 TiB'`` (:func:`format_quantity`, dimension ``bytes``)."""
+    return format_quantity(value, "bytes")

@@ -1,8 +1,9 @@
 """The explorer in a real browser: ``fmsim app`` serves it on 127.0.0.1, Playwright drives Debian's
 chromium (``/usr/bin/chromium``, never a downloaded browser): move the tp slider and see the step
 time change, reload and open the page's link and see the same what-if, read an error message as
-written, and find no figure cut short; screenshots go to the test's tmp dir and ``test-output/``.
-One server and one browser serve every test of the module (about 30 s on a quiet machine).
+written, find no figure cut short, and run a small search on the Search page and open a plan from it on
+the Training page; screenshots go to the test's tmp dir and ``test-output/``. One server and one browser
+serve every test of the module (about 45 s on a quiet machine).
 
 Skipped only when chromium (or playwright) is missing *and* ``CI`` is not ``true``; in CI
 (``.ci/run`` installs chromium) a missing browser is a failure.
@@ -11,6 +12,7 @@ Skipped only when chromium (or playwright) is missing *and* ``CI`` is not ``true
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -243,5 +245,69 @@ def test_no_figure_or_label_is_cut_short_on_a_1280_pixel_screen(browser, app_url
             page.wait_for_timeout(500)
             assert page.evaluate(TRUNCATED_JS) == [], name
         _keep(page, tmp_path, "serving-1280.png")
+    finally:
+        page.close()
+
+
+# every text the page draws on a canvas (the data grids of st.dataframe draw their cells there, formatted by
+# the page's column formats; the DOM keeps only the raw values), recorded as it is drawn
+DRAWN_JS = """(() => { window.__drawn = new Set();
+  const fill = CanvasRenderingContext2D.prototype.fillText;
+  CanvasRenderingContext2D.prototype.fillText = function (text, ...rest) {
+    window.__drawn.add(String(text)); return fill.call(this, text, ...rest); };
+})();"""
+
+
+def test_a_search_from_the_search_page_shows_its_frontier_formatted_and_opens_a_plan_on_training(
+    browser, app_url, tmp_path
+):
+    """A small search (one instance type, 8 and 16 nodes): the caption counts the plans the API found, the
+    frontier chart and table render, the table's cells drawn as the page formats them (days to one decimal,
+    MFU as a percent, not 2511.7839518981514), the tp x pp heatmap marks a cell with no plan with why,
+    and "Open on the Training page" reaches the Training page with the plan's knobs."""
+    import fmsim
+
+    sc = fmsim.load_scenario(ROOT / "scenarios" / "examples" / "llama3-70b-p5.yaml")
+    want = fmsim.search(sc, instances=(sc.cluster.instance.name,), nodes="8,16", pricing=("on-demand",), top=0,
+                        jobs=1, cache_dir=False)
+    assert want.frontier
+    page = browser.new_page()
+    page.add_init_script(DRAWN_JS)
+    page.set_default_timeout(CHANGE_TIMEOUT_S * 1000)
+    try:
+        page.goto(f"{app_url[0]}/Search", timeout=START_TIMEOUT_S * 1000)
+        page.get_by_text("plans:", exact=False).first.wait_for()   # the page's own first search (8..32 nodes)
+        box = page.locator(".st-key-search-nodes input")
+        box.fill("8,16")
+        page.evaluate("() => window.__drawn.clear()")
+        box.press("Enter")
+        caption = f"{len(want.records):,} plans: {want.counts['ok']:,} fit and were costed"
+        page.get_by_text(caption, exact=False).wait_for()
+        charts = page.locator('[data-testid="stVegaLiteChart"]')
+        charts.nth(1).locator("text").first.wait_for()
+        frontier_chart = charts.nth(0).evaluate("e => [...e.querySelectorAll('text')].map(t => t.textContent)")
+        assert "days to train" in frontier_chart and "US$ to train" in frontier_chart
+        heat = charts.nth(1).evaluate("e => [...e.querySelectorAll('text')].map(t => t.textContent)")
+        assert "fits" in heat and any(t.startswith(("refused: ", "does not fit in memory")) for t in heat), heat
+        # the frontier table's cells, as drawn: each frontier plan's days as "%.1f" and MFU as a percent
+        first = want.frontier[0]
+        days = first.time_s / 86400
+        page.wait_for_function("(t) => window.__drawn.has(t)", arg=f"{days:.1f}")
+        drawn = set(page.evaluate("() => [...window.__drawn]"))
+        assert f"{first.row['mfu'] * 100:.2f}%" in drawn
+        assert repr(days) not in drawn and repr(first.row["mfu"]) not in drawn
+        _keep(page, tmp_path, "search.png")
+        # open the picked plan (a frontier plan, a winner or one of the fastest) as a what-if
+        picked = page.locator(".st-key-search-pick input").input_value()
+        m = re.search(r" x(\d+) tp(\d+) pp(\d+) ", picked)
+        assert m, picked
+        nodes, tp_pick = m.group(1), m.group(2)
+        page.locator(".st-key-search-open button").click()
+        page.wait_for_url("**/Training**")
+        assert _metric(page, "Step time").endswith(" s")
+        tp = page.locator('.st-key-train-tp input[type="range"]')
+        assert tp.get_attribute("aria-valuetext") == tp_pick
+        assert page.locator(".st-key-train-nodes input").input_value() == nodes
+        assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()

@@ -85,5 +85,7 @@ def test_open_a_plan_on_the_training_page(page, expected):
                   if search_view.plan_label(r.key, r.row["pricing_option"]) == label)
     knobs = search_view.training_knobs(chosen.key, chosen.row["pricing_option"])
     for knob in ("tp", "pp", "nodes", "instance", "recompute", "zero"):
-        assert at.session_state[f"training.{knob}"] == knobs[knob], knob
+        assert at.session_state[f"train.{knob}"] == knobs[knob], knob      # the Training page's own keys
     assert any("Training what-if" in t.value for t in at.title)
+    assert at.select_slider(key="train.tp").value == knobs["tp"]           # the page drew the plan's knobs
+    assert at.number_input(key="train.nodes").value == knobs["nodes"]

@@ -110,7 +110,7 @@ def nodes_needed(res, tokens: float, days: float) -> pd.DataFrame:
 
 
 def training_knobs(key: tuple, option: str) -> dict[str, Any]:
-    """The Training page's knob values (``training.<knob>``) giving plan ``key`` under pricing ``option``."""
+    """The Training page's knob values (``train.<knob>``) giving plan ``key`` under pricing ``option``."""
     p = plan_dict(key)
     knobs = {"instance": p["instance"], "nodes": int(p["nodes"]), "tp": p["tp"], "pp": p["pp"],
              "vpp": p["vpp"], "cp": p["cp"], "ep": p["ep"], "micro_batch": int(p["micro_batch"]),

@@ -18,6 +18,7 @@ from explorer import cache, logic, search_view, widgets
 import fmsim
 
 P = "search"
+TRAINING = "train"  # the Training page's widget keys (app/pages/1_Training.py's P): what opening a plan sets
 #: how the tables show their numbers (sortable: the values stay numbers, only their display is formatted)
 _COLUMNS = {
     "days": st.column_config.NumberColumn("days to train", format="%.1f"),
@@ -44,13 +45,13 @@ def run_search(text: str, label: str, instances: tuple, nodes: str, pricing: tup
 def open_on_training(label: str, text: str, key: tuple, option: str) -> None:
     """Set the Training page's scenario and knobs to this plan and go there."""
     ss = st.session_state
-    for k in [k for k in ss if str(k).startswith("training.")]:
+    for k in [k for k in ss if str(k).startswith(f"{TRAINING}.")]:
         del ss[k]
-    ss["training.bundled"] = label
-    ss["training._base"] = widgets.Source(label=label, text=text).key
-    ss["training._saved"] = {}
+    ss[f"{TRAINING}.bundled"] = label
+    ss[f"{TRAINING}._base"] = widgets.Source(label=label, text=text).key
+    ss[f"{TRAINING}._saved"] = {}
     for knob, value in search_view.training_knobs(key, option).items():
-        ss[f"training.{knob}"] = value
+        ss[f"{TRAINING}.{knob}"] = value
     st.switch_page("pages/1_Training.py")
 
 

@@ -10,11 +10,12 @@ leave out. Pure data: imported by the data layer to validate scenarios.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..fields import _MISSING, _Section, _what
+from ..units import parse_count
 
 ACTIVATIONS = ("gelu", "swiglu", "geglu", "relu2", "relu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -31,8 +32,6 @@ WINDOW_KINDS = ("sliding", "chunked")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "dense_layers",
             "dense_ffn_hidden", "shared_expert_ffn_hidden", "capacity_factor", "layer_freq",
             "router_groups", "router_group_topk")
-
-_Err = Callable[[str, str], ConfigError]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -382,223 +381,160 @@ MAX_VOCAB = 2**24
 MAX_TOKENS = 10**8       # max_seq_len, attention window size (= fmsim.scenario.MAX_SEQ_LEN)
 MAX_PARAMS = 10**14      # 100T parameters: 50x the largest model trained
 
-
-def _int(data: Mapping[str, Any], key: str, err: _Err, *, default: Any = None, minimum: int = 1,
-         maximum: int = MAX_WIDTH) -> int:
-    if key not in data or data[key] is None:
-        if default is None:
-            raise err(key, "is required")
-        return default
-    v = data[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        else:
-            raise err(key, f"{v!r} is not an integer")
-    if v < minimum:
-        raise err(key, f"{v} must be >= {minimum}")
-    if v > maximum:
-        raise err(key, f"{v:,} is past the {maximum:,} any architecture has (expected {minimum}..{maximum:,})")
-    return v
+_ATTENTION_WHAT = "mha | gqa | mqa, or a mapping {kind: mla, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim, q_lora_rank}"
 
 
-def _bool(data: Mapping[str, Any], key: str, err: _Err, default: bool) -> bool:
-    v = data.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise err(key, f"{v!r} is not true/false")
-    return v
+def _width(s: _Section, key: str, default: Any = _MISSING, *, minimum: int = 1, maximum: int = MAX_WIDTH) -> int:
+    """A dimension (or count) of the architecture, bounded by what any architecture has."""
+    return s.integer(key, default, minimum=minimum, maximum=maximum)
 
 
-def _choice(data: Mapping[str, Any], key: str, err: _Err, known: tuple[str, ...], default: str,
-            what: str) -> str:
-    from ..catalog import suggest
-
-    v = data.get(key, default)
-    if v is None:
-        return default
-    if not isinstance(v, str) or v not in known:
-        raise err(key, f"unknown {what} {v!r}{suggest(str(v), known)}")
-    return v
+def _text_or_list(s: _Section, key: str) -> str:
+    """Free text (``source``, ``notes``, ``family``): a string, or a list of strings joined with "; "."""
+    value = s.raw(key, "")
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "; ".join(value)
+    if not isinstance(value, str):
+        raise s.err(key, f"got {_what(value)} (expected text, or a list of texts)")
+    return value
 
 
-def _unknown(data: Mapping[str, Any], allowed: tuple[str, ...], err: _Err) -> None:
-    from ..catalog import suggest
-
-    for k in data:
-        if k not in allowed:
-            raise err(str(k), f"unknown key{suggest(str(k), allowed)}")
-
-
-def _mla(att: Mapping[str, Any], err: _Err) -> MLASpec:
-    sub = dict(att)
-    kind = sub.pop("kind", "mla")
+def _mla(s: _Section) -> MLASpec:
+    att = s.section("attention", ("kind", *MLA_KEYS), what=_ATTENTION_WHAT)
+    assert att is not None
+    kind = att.raw("kind", "mla")
     if kind != "mla":
-        raise err("attention.kind",
-                  f"{kind!r}: only mla takes dimensions (write mha/gqa/mqa as a plain string)")
-
-    def aerr(key: str, msg: str) -> ConfigError:
-        return err(f"attention.{key}" if key else "attention", msg)
-
-    _unknown(sub, MLA_KEYS, aerr)
-    return MLASpec(q_lora_rank=_int(sub, "q_lora_rank", aerr, default=0, minimum=0),
-                   kv_lora_rank=_int(sub, "kv_lora_rank", aerr),
-                   qk_nope_dim=_int(sub, "qk_nope_dim", aerr),
-                   qk_rope_dim=_int(sub, "qk_rope_dim", aerr),
-                   v_head_dim=_int(sub, "v_head_dim", aerr))
+        raise att.err("kind", f"only mla takes dimensions (got {_what(kind)}; write mha/gqa/mqa as a plain "
+                              "string)")
+    return MLASpec(q_lora_rank=_width(att, "q_lora_rank", 0, minimum=0),
+                   kv_lora_rank=_width(att, "kv_lora_rank"),
+                   qk_nope_dim=_width(att, "qk_nope_dim"),
+                   qk_rope_dim=_width(att, "qk_rope_dim"),
+                   v_head_dim=_width(att, "v_head_dim"))
 
 
-def _moe(m: Any, err: _Err, *, layers: int, ffn_hidden: int) -> MoESpec:
-    def merr(key: str, msg: str) -> ConfigError:
-        return err(f"moe.{key}" if key else "moe", msg)
-
-    if not isinstance(m, Mapping):
-        raise merr("", "expected a mapping {experts, top_k, expert_ffn_hidden, ...}")
-    _unknown(m, MOE_KEYS, merr)
-    experts = _int(m, "experts", merr, maximum=MAX_HEADS)
-    top_k = _int(m, "top_k", merr, maximum=MAX_HEADS)
+def _moe(s: _Section, *, layers: int, ffn_hidden: int) -> MoESpec:
+    m = s.section("moe", MOE_KEYS, what="a mapping {experts, top_k, expert_ffn_hidden, ...}")
+    assert m is not None
+    experts = _width(m, "experts", maximum=MAX_HEADS)
+    top_k = _width(m, "top_k", maximum=MAX_HEADS)
     if top_k > experts:
-        raise merr("top_k", f"{top_k} exceeds {experts} experts")
-    dense_layers = _int(m, "dense_layers", merr, default=0, minimum=0, maximum=MAX_LAYERS)
+        raise m.err("top_k", f"{top_k} exceeds {experts} experts (expected 1..experts)")
+    dense_layers = _width(m, "dense_layers", 0, minimum=0, maximum=MAX_LAYERS)
     if dense_layers >= layers:
-        raise merr("dense_layers", f"{dense_layers} leaves no MoE layer among {layers}")
-    cf = m.get("capacity_factor", 0.0) or 0.0
-    if not isinstance(cf, (int, float)) or isinstance(cf, bool) or not 0 <= cf <= experts:
-        raise merr("capacity_factor", f"{cf!r} must be a number in 0..{experts} (0 = dropless; past the "
-                                      "expert count a capacity pads nothing more)")
-    groups = _int(m, "router_groups", merr, default=1, maximum=MAX_HEADS)
+        raise m.err("dense_layers", f"{dense_layers} leaves no MoE layer among {layers} (expected 0..layers - 1)")
+    cf = m.number("capacity_factor", 0.0, minimum=0.0, inclusive=True, maximum=float(experts),
+                  rule=f"a number in 0..{experts} (0 = dropless; past the expert count a capacity pads "
+                       "nothing more)")
+    groups = _width(m, "router_groups", 1, maximum=MAX_HEADS)
     if experts % groups:
-        raise merr("router_groups", f"{groups} groups do not divide {experts} experts")
-    group_topk = _int(m, "router_group_topk", merr, default=0, minimum=0, maximum=MAX_HEADS)
+        raise m.err("router_groups", f"{groups} groups do not divide {experts} experts")
+    group_topk = _width(m, "router_group_topk", 0, minimum=0, maximum=MAX_HEADS)
     if group_topk > groups:
-        raise merr("router_group_topk", f"{group_topk} exceeds {groups} router_groups")
+        raise m.err("router_group_topk", f"{group_topk} exceeds {groups} router_groups")
     if group_topk and top_k > group_topk * experts // groups:
-        raise merr("router_group_topk", f"{group_topk} groups of {experts // groups} experts cannot hold "
-                   f"top_k {top_k}")
+        raise m.err("router_group_topk", f"{group_topk} groups of {experts // groups} experts cannot hold "
+                    f"top_k {top_k}")
     return MoESpec(experts=experts, top_k=top_k, router_groups=groups, router_group_topk=group_topk,
-                   expert_ffn_hidden=_int(m, "expert_ffn_hidden", merr, default=ffn_hidden),
-                   shared_experts=_int(m, "shared_experts", merr, default=0, minimum=0, maximum=MAX_HEADS),
-                   shared_expert_ffn_hidden=_int(m, "shared_expert_ffn_hidden", merr, default=0, minimum=0),
+                   expert_ffn_hidden=_width(m, "expert_ffn_hidden", ffn_hidden),
+                   shared_experts=_width(m, "shared_experts", 0, minimum=0, maximum=MAX_HEADS),
+                   shared_expert_ffn_hidden=_width(m, "shared_expert_ffn_hidden", 0, minimum=0),
                    dense_layers=dense_layers,
-                   dense_ffn_hidden=_int(m, "dense_ffn_hidden", merr, default=0, minimum=0),
+                   dense_ffn_hidden=_width(m, "dense_ffn_hidden", 0, minimum=0),
                    capacity_factor=float(cf),
-                   layer_freq=_int(m, "layer_freq", merr, default=1, maximum=MAX_LAYERS))
+                   layer_freq=_width(m, "layer_freq", 1, maximum=MAX_LAYERS))
 
 
-def _window(w: Any, err: _Err, *, layers: int) -> AttentionWindow:
-    def werr(key: str, msg: str) -> ConfigError:
-        return err(f"attention_window.{key}" if key else "attention_window", msg)
-
-    if not isinstance(w, Mapping):
-        raise werr("", "expected a mapping {size, kind: sliding|chunked, full_every}")
-    _unknown(w, WINDOW_KEYS, werr)
-    full_every = _int(w, "full_every", werr, default=0, minimum=0, maximum=MAX_LAYERS)
+def _window(s: _Section, *, layers: int) -> AttentionWindow:
+    w = s.section("attention_window", WINDOW_KEYS, what="a mapping {size, kind: sliding|chunked, full_every}")
+    assert w is not None
+    full_every = _width(w, "full_every", 0, minimum=0, maximum=MAX_LAYERS)
     if full_every == 1:
-        raise werr("full_every", "1 makes every layer full attention (leave attention_window out)")
+        raise w.err("full_every", "1 makes every layer full attention (leave attention_window out)")
     if full_every > layers:
-        raise werr("full_every", f"{full_every} exceeds {layers} layers: no layer would keep full attention "
-                                 "(0 says every layer is local)")
-    return AttentionWindow(size=_int(w, "size", werr, maximum=MAX_TOKENS),
-                           kind=_choice(w, "kind", werr, WINDOW_KINDS, "sliding", "attention window kind"),
+        raise w.err("full_every", f"{full_every} exceeds {layers} layers: no layer would keep full attention "
+                                  "(0 says every layer is local)")
+    return AttentionWindow(size=_width(w, "size", maximum=MAX_TOKENS),
+                           kind=w.choice("kind", WINDOW_KINDS, "sliding"),
                            full_every=full_every)
+
+
+def _count(s: _Section, key: str) -> float | None:
+    """A published parameter count (``"70.6B"``, ``1.5e9``), > 0; None when not given."""
+    v = s.parsed(key, parse_count, None, expected="a parameter count such as '70.6B'")
+    if v is not None and not 0 < v <= MAX_PARAMS:
+        raise s.err(key, f"must be a parameter count in (0, {MAX_PARAMS:.0e}] (got {s.raw(key)!r})")
+    return v
 
 
 def model_from_mapping(data: Any, *, name: str | None = None, file: str | None = None,
                        where: str = "model", require_source: bool = False) -> ModelSpec:
     """Build and validate a :class:`ModelSpec` from catalog/scenario keys.
 
-    Errors are :class:`ConfigError` located at ``file``/``where.key``
+    Read with the one validating reader of scenarios and catalogs (:class:`fmsim.fields._Section`):
+    unknown keys get a "did you mean", and errors are :class:`ConfigError` located at ``file``/``where.key``
     (``model_catalog/x.yaml: models.m.kv_heads: 6 does not divide 64 heads``).
     """
-    from ..catalog import suggest
-    from ..units import parse_count
-
-    def err(key: str, msg: str) -> ConfigError:
-        return ConfigError(msg, file=file, field=f"{where}.{key}" if key else where)
-
-    if not isinstance(data, Mapping):
-        raise err("", f"expected a mapping of architecture keys, got {type(data).__name__}")
-    _unknown(data, MODEL_KEYS, err)
-    name = str(data.get("name") or name or "")
+    s = _Section(data, file, where, MODEL_KEYS, what="a mapping of architecture keys (model_catalog/README.md)")
+    name = s.text("name", None, nonempty=True) or name or ""
     if not name:
-        raise err("name", "is required for an inline model")
-    layers = _int(data, "layers", err, maximum=MAX_LAYERS)
-    hidden = _int(data, "hidden", err)
-    heads = _int(data, "heads", err, maximum=MAX_HEADS)
+        raise s.err("name", "is required for an inline model")
+    layers = _width(s, "layers", maximum=MAX_LAYERS)
+    hidden = _width(s, "hidden")
+    heads = _width(s, "heads", maximum=MAX_HEADS)
 
     # attention kind first: it sets the default number of K/V heads
-    att = data.get("attention")
     mla = None
-    if isinstance(att, Mapping):
-        mla = _mla(att, err)
-        att = "mla"
-    elif att is not None and att not in ATTENTION_KINDS:
-        raise err("attention", f"unknown attention kind {att!r}{suggest(str(att), ATTENTION_KINDS)}")
-    elif att == "mla":
-        raise err("attention", "mla needs its dimensions: {kind: mla, kv_lora_rank: ..., qk_nope_dim: ..., "
-                               "qk_rope_dim: ..., v_head_dim: ..., q_lora_rank: ...}")
-    kv_heads = _int(data, "kv_heads", err, default=1 if att == "mqa" else heads, maximum=MAX_HEADS)
+    if isinstance(s.raw("attention", None), Mapping):
+        mla = _mla(s)
+        att: str | None = "mla"
+    else:
+        att = s.choice("attention", ATTENTION_KINDS, None)
+        if att == "mla":
+            raise s.err("attention", "mla needs its dimensions: {kind: mla, kv_lora_rank: ..., qk_nope_dim: ..., "
+                                     "qk_rope_dim: ..., v_head_dim: ..., q_lora_rank: ...}")
+    kv_heads = _width(s, "kv_heads", 1 if att == "mqa" else heads, maximum=MAX_HEADS)
     if heads % kv_heads:
-        raise err("kv_heads", f"{kv_heads} does not divide {heads} heads")
+        raise s.err("kv_heads", f"{kv_heads} does not divide {heads} heads")
     if att is None:
         att = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
     elif att == "mha" and kv_heads != heads:
-        raise err("kv_heads", f"{kv_heads} != {heads} heads, but attention is mha (use gqa or mqa)")
+        raise s.err("kv_heads", f"{kv_heads} != {heads} heads, but attention is mha (use gqa or mqa)")
     elif att == "mqa" and kv_heads != 1:
-        raise err("kv_heads", f"{kv_heads}, but attention is mqa (one K/V head; use gqa)")
-    head_dim = _int(data, "head_dim", err,
-                    default=mla.v_head_dim if mla is not None else max(1, hidden // heads))
+        raise s.err("kv_heads", f"{kv_heads}, but attention is mqa (one K/V head; use gqa)")
+    head_dim = _width(s, "head_dim", mla.v_head_dim if mla is not None else max(1, hidden // heads))
 
-    activation = _choice(data, "activation", err, ACTIVATIONS, "gelu", "activation")
-    ffn_hidden = _int(data, "ffn_hidden", err, default=4 * hidden)
-    vocab = _int(data, "vocab", err, maximum=MAX_VOCAB)
-    tied = _bool(data, "tied_embeddings", err, False)
-    bias = _bool(data, "bias", err, False)
-    norm = _choice(data, "norm", err, NORMS, "layernorm" if bias else "rmsnorm", "norm")
-    position = _choice(data, "position_embedding", err, POSITION_EMBEDDINGS, "rope", "position embedding")
-    max_seq_len = _int(data, "max_seq_len", err, default=0, minimum=0, maximum=MAX_TOKENS)
+    activation = s.choice("activation", ACTIVATIONS, "gelu")
+    ffn_hidden = _width(s, "ffn_hidden", 4 * hidden)
+    vocab = _width(s, "vocab", maximum=MAX_VOCAB)
+    tied = s.boolean("tied_embeddings", False)
+    bias = s.boolean("bias", False)
+    norm = s.choice("norm", NORMS, "layernorm" if bias else "rmsnorm")
+    position = s.choice("position_embedding", POSITION_EMBEDDINGS, "rope")
+    max_seq_len = _width(s, "max_seq_len", 0, minimum=0, maximum=MAX_TOKENS)
     if position == "learned" and not max_seq_len:
-        raise err("max_seq_len", "is required with position_embedding: learned (rows of the position table)")
-    mtp_layers = _int(data, "mtp_layers", err, default=0, minimum=0, maximum=MAX_LAYERS)
+        raise s.err("max_seq_len", "is required with position_embedding: learned (rows of the position table)")
+    mtp_layers = _width(s, "mtp_layers", 0, minimum=0, maximum=MAX_LAYERS)
 
-    moe = None
-    if data.get("moe") is not None:
-        moe = _moe(data["moe"], err, layers=layers, ffn_hidden=ffn_hidden)
-    window = None
-    if data.get("attention_window") is not None:
-        window = _window(data["attention_window"], err, layers=layers)
+    moe = _moe(s, layers=layers, ffn_hidden=ffn_hidden) if s.has("moe") else None
+    window = _window(s, layers=layers) if s.has("attention_window") else None
 
     for key in ("notes", "family"):
-        if key in data and data[key] is not None and not isinstance(data[key], (str, list)):
-            raise err(key, f"expected text, got {type(data[key]).__name__}")
-    source = data.get("source", "")
-    if isinstance(source, list):
-        source = "; ".join(map(str, source))
-    if require_source and not str(source or "").strip():
-        raise err("source", "is required (every catalog number needs a source)")
+        _text_or_list(s, key)
+    source = _text_or_list(s, "source")
+    if require_source and not source.strip():
+        raise s.err("source", "is required (every catalog number needs a source)")
 
-    def count(key: str) -> float | None:
-        if data.get(key) is None:
-            return None
-        try:
-            v = parse_count(data[key])
-        except ConfigError as exc:
-            raise err(key, exc.message) from None
-        if v <= 0:
-            raise err(key, f"{data[key]!r} must be > 0")
-        return v
-
-    params, active = count("params"), count("active_params")
+    params, active = _count(s, "params"), _count(s, "active_params")
     if params and active and active > params:
-        raise err("active_params", f"{data['active_params']!r} exceeds params {data['params']!r}")
+        raise s.err("active_params", f"must not exceed params {s.raw('params')!r} (got {s.raw('active_params')!r})")
 
     spec = ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
                      head_dim=head_dim, ffn_hidden=ffn_hidden, activation=activation, vocab=vocab,
-                     tied_embeddings=tied, attention=str(att), mla=mla, moe=moe, bias=bias, norm=norm,
+                     tied_embeddings=tied, attention=att, mla=mla, moe=moe, bias=bias, norm=norm,
                      position_embedding=position, max_seq_len=max_seq_len, mtp_layers=mtp_layers,
-                     window=window, source=str(source or ""), published_params=params, published_active_params=active)
+                     window=window, source=source, published_params=params, published_active_params=active)
     if spec.num_params > MAX_PARAMS:
-        raise err("", f"{spec.num_params:.3g} parameters is past the {MAX_PARAMS:.0e} any run could train "
-                      "(check layers, hidden, ffn_hidden, vocab and the experts)")
+        raise s.err("", f"{spec.num_params:.3g} parameters is past the {MAX_PARAMS:.0e} any run could train "
+                        "(check layers, hidden, ffn_hidden, vocab and the experts)")
     return spec

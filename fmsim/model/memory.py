@@ -17,6 +17,7 @@ import functools
 from dataclasses import dataclass
 
 from ..errors import OutOfMemoryError
+from ..units import format_bytes
 from .architecture import ModelSpec
 from .flops import attention_dims
 from .sac import saved_bytes_per_token
@@ -52,10 +53,9 @@ class MemoryBreakdown:
             return
         parts = self.as_dict()
         big = max(parts, key=parts.get)
-        gib = 2.0 ** 30
         raise OutOfMemoryError(
-            f"{where + ': ' if where else ''}needs {self.total / gib:.1f} GiB per GPU of {hbm_bytes / gib:.1f} GiB; "
-            f"largest part: {big} {parts[big] / gib:.1f} GiB "
+            f"{where + ': ' if where else ''}needs {format_bytes(self.total)} per GPU of {format_bytes(hbm_bytes)}; "
+            f"largest part: {big} {format_bytes(parts[big])} "
             f"(expected a plan that fits: raise tp/pp, recompute, ZeRO, smaller micro-batch)",
             breakdown=parts)
 

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from ..hardware.dispatch import deepep_moe_layer_fn
+from ..units import format_bytes
 from .architecture import causal_pairs, window_pairs
 from .deepep import DEEPEP_MODES, exchange_sizes
 from .kernels import (
@@ -757,9 +758,9 @@ class ServingCostModel:
             kv = memory_fraction * usable - self.weight_bytes_per_gpu - activation_bytes
         if kv <= 0:
             raise OutOfMemoryError(
-                f"{self.model_name} in {self.precision} needs {self.weight_bytes_per_gpu / 2**30:.1f} GiB of "
-                f"weights per GPU (tp={self.tp}, pp={self.pp}); with {activation_bytes / 2**30:.1f} GiB of "
-                f"activations nothing is left for the KV cache in {hbm_bytes / 2**30:.1f} GiB x "
+                f"{self.model_name} in {self.precision} needs {format_bytes(self.weight_bytes_per_gpu)} of "
+                f"weights per GPU (tp={self.tp}, pp={self.pp}); with {format_bytes(activation_bytes)} of "
+                f"activations nothing is left for the KV cache in {format_bytes(hbm_bytes)} x "
                 f"{memory_fraction:g} -- raise tp/pp or lower the precision",
                 breakdown={"weights": self.weight_bytes_per_gpu, "activations": activation_bytes,
                            "hbm": hbm_bytes})

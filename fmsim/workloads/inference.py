@@ -43,8 +43,10 @@ PERCENTILES = (50, 90, 99)
 #: thousand requests reach (bench/bench_serving.py: 10,000 requests in about a second); more requests
 #: than this are served by the same steady state, so the run simulates this many and says so
 MAX_SIMULATED_QUESTIONS = 20_000
-#: and sequences at most, over a question's samples and revision rounds
-MAX_SIMULATED_SEQUENCES = 200_000
+#: and sequences at most, over a question's samples and revision rounds: a sequence, not a question, is
+#: what the engines schedule, so a best-of-8 run at 10^9 requests simulates 2,500 questions (it simulated
+#: 20,000, 160,000 sequences: 8x the work of any single-sample run, over a minute on a laptop)
+MAX_SIMULATED_SEQUENCES = MAX_SIMULATED_QUESTIONS
 #: the steady-state window must hold at least this share of the run's output tokens (else: the whole run)
 STEADY_MIN_SHARE = 0.25
 
@@ -329,7 +331,12 @@ class _Simulation:
         n = tr.num_requests if explicit else self._n_for_duration()
         self.n_offered = n
         per_question = ttc.samples * ttc.revision_rounds
-        cap = min(MAX_SIMULATED_QUESTIONS, max(1, MAX_SIMULATED_SEQUENCES // per_question))
+        if per_question > MAX_SIMULATED_SEQUENCES:
+            raise ConfigError(f"{ttc.samples:,} samples x {ttc.revision_rounds:,} revision rounds = {per_question:,} "
+                              f"sequences per question is more than the {MAX_SIMULATED_SEQUENCES:,} one simulation "
+                              "runs (expected fewer samples or rounds, or --estimate)", file=self.plan.file,
+                              field="test_time_compute.samples")
+        cap = min(MAX_SIMULATED_QUESTIONS, MAX_SIMULATED_SEQUENCES // per_question)
         n = min(n, cap)
         self.request_cap = cap if self.n_offered > cap else None
         self.n_questions = n

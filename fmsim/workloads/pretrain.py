@@ -21,6 +21,7 @@ from ..model.flops import attention_flops_per_token, lora_flops_per_token, model
 from ..parallel.schedules import get_schedule
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
+from ..units import format_bytes
 from .storage_run import run_figures
 
 
@@ -439,8 +440,8 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
     if not fits and mem_total <= plan.hbm_bytes:
         return "memory", "does not fit: the offloaded activations exceed the node's host memory"
     if not fits:
-        return "memory", (f"does not fit: {mem_total / 2**30:.1f} GiB needed per GPU of "
-                          f"{plan.hbm_bytes / 2**30:.0f} GiB; raise tp/pp, use recompute or ZeRO")
+        return "memory", (f"does not fit: {format_bytes(mem_total)} needed per GPU of "
+                          f"{format_bytes(plan.hbm_bytes)}; raise tp/pp, use recompute or ZeRO")
     parts = {k: v for k, v in breakdown.items() if k not in ("compute",)}
     worst = max(parts, key=parts.get) if parts else "compute"
     share = parts.get(worst, 0.0) / step if step else 0.0
@@ -546,8 +547,8 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         except OutOfMemoryError as exc:
             det["memory_error"] = str(exc)
     elif not host_fits:
-        det["memory_error"] = (f"offloaded activations need {host_need / 2**30:.1f} GiB of host memory per node "
-                               f"of {host_have / 2**30:.0f} GiB (expected fewer offloaded layers)")
+        det["memory_error"] = (f"offloaded activations need {format_bytes(host_need)} of host memory per node "
+                               f"of {format_bytes(host_have)} (expected fewer offloaded layers)")
     if host_need:
         det["activation_offload"] = {"layers": plan.offload_layers, "host_bytes_per_gpu": mem[worst].host_offload,
                                      "host_bytes_per_node": host_need, "host_memory_per_node": host_have}

@@ -16,6 +16,7 @@ from typing import Any
 from ..engine.des import RunResult
 from ..errors import ConfigError, OutOfMemoryError
 from ..results import Result
+from ..units import format_bytes
 from . import rl_phases as ph
 from .rl_spec import RLSpec, parse_rl_spec
 from .rl_timeline import step_time_des, step_time_estimate, timeline_rows, write_trace
@@ -220,8 +221,8 @@ def _memory_fit(sc: Any, spec: RLSpec, gen: ph.GenerationPool, plan: Any) -> tup
         parts = worst.as_dict()
         big = max(parts, key=parts.get)
         raise OutOfMemoryError(
-            f"{sc.file}: training needs {worst.total / 2**30:.1f} GiB per GPU of "
-            f"{hbm / 2**30:.0f} GiB (largest: {big} {parts[big] / 2**30:.1f} GiB); raise "
+            f"{sc.file}: training needs {format_bytes(worst.total)} per GPU of "
+            f"{format_bytes(hbm)} (largest: {big} {format_bytes(parts[big])}); raise "
             "parallelism.tp/pp/ep, use recompute or ZeRO",
             breakdown=parts,
         )
@@ -241,10 +242,10 @@ def _memory_fit(sc: Any, spec: RLSpec, gen: ph.GenerationPool, plan: Any) -> tup
         need = gen_bytes + mem["training_static"]
         if need > hbm:
             raise OutOfMemoryError(
-                f"{sc.file}: rl.placement.colocated: generation ({gen_bytes / 2**30:.1f} GiB, "
+                f"{sc.file}: rl.placement.colocated: generation ({format_bytes(gen_bytes)}, "
                 f"memory_fraction {cfg_frac:g}) and the kept training state "
-                f"({mem['training_static'] / 2**30:.1f} GiB: weights, gradients, optimizer) need "
-                f"{need / 2**30:.1f} GiB per GPU of {hbm / 2**30:.0f} GiB; offload the training state or "
+                f"({format_bytes(mem['training_static'])}: weights, gradients, optimizer) need "
+                f"{format_bytes(need)} per GPU of {format_bytes(hbm)}; offload the training state or "
                 "lower rl.generation.memory_fraction",
                 breakdown=mem,
             )
@@ -263,7 +264,7 @@ def _memory_fit(sc: Any, spec: RLSpec, gen: ph.GenerationPool, plan: Any) -> tup
     if host and host_need > host:
         raise OutOfMemoryError(
             f"{sc.file}: rl.placement.colocated: the offloaded training state and engine weights "
-            f"need {host_need / 2**30:.0f} GiB of host memory per node of {host / 2**30:.0f} GiB",
+            f"need {format_bytes(host_need)} of host memory per node of {format_bytes(host)}",
             breakdown={"host_needed": host_need, "host": host},
         )
     return mem, 2.0 * moved / link

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import OutOfMemoryError
 from ..results import Result
+from ..units import format_bytes
 from . import rl_phases as ph
 from .rl_spec import RLSpec
 
@@ -44,9 +45,9 @@ def update_memory(sc: Any, spec: RLSpec, engine_gpus: int) -> dict[str, float]:
     mem = {"engine_weights": weights, "update_buffers": buffers, "hbm": hbm}
     if weights + buffers > hbm:
         raise OutOfMemoryError(
-            f"{sc.file}: rl.weight_sync.bucket: the engine's weights ({weights / 2**30:.1f} GiB per GPU at tp "
-            f"{engine_gpus}) and the update's 3 buffers of one bucket ({buffers / 2**30:.1f} GiB) need "
-            f"{(weights + buffers) / 2**30:.1f} GiB of {hbm / 2**30:.0f} GiB; lower the bucket or raise "
+            f"{sc.file}: rl.weight_sync.bucket: the engine's weights ({format_bytes(weights)} per GPU at tp "
+            f"{engine_gpus}) and the update's 3 buffers of one bucket ({format_bytes(buffers)}) need "
+            f"{format_bytes(weights + buffers)} of {format_bytes(hbm)}; lower the bucket or raise "
             "rl.generation.tp",
             breakdown=mem,
         )
