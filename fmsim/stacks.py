@@ -44,6 +44,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.grad_reduce_op": "training",
     "parallelism.gradient_accumulation_fusion": "training",
     "parallelism.activation_fp8_input": "training",
+    "parallelism.fp8_transpose_cache": "training",
     "parallelism.cp_comm": "training",
     "parallelism.ep_dispatch": "training",
     "parallelism.moe_host_sync": "training",

@@ -75,6 +75,7 @@ def _current(sc, path):
     if v is None:   # written only when it departs from the default
         return {"workload.attention_kernel": "flash", "workload.cross_entropy": "fused",
                 "workload.fp8_attention": False, "parallelism.activation_fp8_input": False,
+                "parallelism.fp8_transpose_cache": True,
                 "parallelism.gradient_accumulation_fusion": True, "parallelism.grad_bucket": "40M",
                 "cluster.network.in_network_reduction": False, "parallelism.param_fetch": "unit",
                 "parallelism.grad_reduce_op": sc.parallelism.grad_reduce_op,

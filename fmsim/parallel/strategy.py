@@ -558,6 +558,44 @@ def _with_amax_reduction(stages: tuple[StageCost, ...], coster: CommCoster, shap
     return tuple(out)
 
 
+def _fp8_weight_bytes(w, par) -> tuple[float, float, float]:
+    """(per step, per micro-batch forward, per micro-batch backward) HBM bytes per GEMM weight element that making
+    an fp8 run's weight copies costs, as Transformer Engine does it (TE v1.6rc2 and v1.8 module/linear.py,
+    layernorm_linear.py, layernorm_mlp.py):
+
+    - 16-bit weights: ``fp8_cast_transpose_fused`` (read 2, write 1 + 1) when ``is_first_microbatch`` is True or
+      None; Megatron-Core passes True on a step's first micro-batch and False after (schedules.py
+      ``set_is_first_microbatch``; transformer_engine.py), so once a step, or every micro-batch with the transpose
+      cache off (``disable_parameter_transpose_cache``: it passes None).
+    - fp8 primary weights that never change (LoRA's frozen base layers with ``param_gather_precision: fp8``, TE's
+      fp8 weights: NeMo ``fp8_params``): used as they are (``primary_weights_in_fp8``: no cast); the data gradient's
+      transpose is ``weight.transpose_2d(cache=is_first_microbatch is not None)`` (float8_tensor.py), made once
+      and kept, or with the cache off a ``tex.fp8_transpose`` (read 1, write 1) in every micro-batch's backward.
+    Trainable fp8 primary weights keep the once-a-step cast fmsim has priced (their optimizer-side quantization was
+    not re-read), and with the cache off add the per-micro-batch transposes."""
+    cast = fp8_cast_bytes(w.fp8_recipe, "input", False)[0]
+    if par.param_gather_precision == "fp8":
+        step = 0.0 if w.lora_rank else cast
+        return (step, 0.0, 0.0) if par.fp8_transpose_cache else (step, 0.0, 2.0 * BYTES_PER_ELEMENT["fp8"])
+    return (cast, 0.0, 0.0) if par.fp8_transpose_cache else (0.0, cast, 0.0)
+
+
+def _with_uncached_fp8_weights(stages: tuple[StageCost, ...], model: ModelSpec, layers: list[list[int]], *,
+                               pp: int, tp: int, ep: int, etp: int, fwd_bytes: float, bwd_bytes: float,
+                               hbm: float) -> tuple[StageCost, ...]:
+    """Stages whose passes also make their layers' fp8 weight copies, every micro-batch (:func:`_fp8_weight_bytes`
+    with the transpose cache off): one memory-bound kernel per GEMM weight in the pass that makes it."""
+    out = []
+    for v, st in enumerate(stages):
+        dense, expert = stage_params_cached(model, layers[v], False, False, pp)
+        weights = dense / tp + expert / (etp * ep)
+        kernels = GEMMS_PER_LAYER * len(layers[v]) * KERNEL_FIXED_S
+        fwd = weights * fwd_bytes / hbm + (kernels if fwd_bytes else 0.0)
+        bwd = weights * bwd_bytes / hbm + (kernels if bwd_bytes else 0.0)
+        out.append(dataclasses.replace(st, fwd_compute_s=st.fwd_compute_s + fwd, bwd_compute_s=st.bwd_compute_s + bwd))
+    return tuple(out)
+
+
 def _with_unfused_grad_accumulation(stages: tuple[StageCost, ...], model: ModelSpec, w, layers: list[list[int]], *,
                                     pp: int, tp: int, ep: int, etp: int, grad_bytes: float,
                                     hbm: float) -> tuple[StageCost, ...]:
@@ -662,6 +700,10 @@ def build_plan(sc) -> Plan:
     hbm = acc.hbm_bytes_per_s * acc.hbm_efficiency
     if w.precision == "fp8" and w.fp8_recipe == "delayed":
         stages = _with_amax_reduction(stages, coster, shapes)
+    fp8_step, fp8_fwd, fp8_bwd = _fp8_weight_bytes(w, par) if w.precision == "fp8" else (0.0, 0.0, 0.0)
+    if fp8_fwd or fp8_bwd:
+        stages = _with_uncached_fp8_weights(stages, model, layers, pp=pp, tp=tp, ep=ep, etp=etp, fwd_bytes=fp8_fwd,
+                                            bwd_bytes=fp8_bwd, hbm=hbm)
     if not par.gradient_accumulation_fusion:
         stages = _with_unfused_grad_accumulation(stages, model, w, layers, pp=pp, tp=tp, ep=ep, etp=etp,
                                                  grad_bytes=BYTES_PER_ELEMENT[par.grad_reduce_precision], hbm=hbm)
@@ -758,13 +800,13 @@ def build_plan(sc) -> Plan:
         # the next step's gradients start from zero: the whole local gradient buffer is cleared (sharded
         # only under ZeRO-3/FSDP)
         step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
-        if w.precision == "fp8":
+        if fp8_step:
             # the layers' weights are quantized once a step, on the first micro-batch, and the fp8 copies (and
             # their transposes for the data gradient) reused by the others (Megatron-Core schedules.py
             # forward_step: set_is_first_microbatch; TE caches the fp8 weight when is_first_microbatch is True)
             dense, expert = stage_params_cached(model, mine, False, False, pp)
             weights = dense / tp + expert / (etp * ep)
-            step_bytes += weights * fp8_cast_bytes(w.fp8_recipe, "input", False)[0]
+            step_bytes += weights * fp8_step
         opt.append(step_bytes / hbm)
         mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
                                    micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,

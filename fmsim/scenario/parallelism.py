@@ -78,6 +78,7 @@ PARALLELISM_KEYS = (
     "param_gather_precision",
     "offload_activations",
     "activation_fp8_input",
+    "fp8_transpose_cache",
     "gradient_accumulation_fusion",
     "cp_comm",
     "ep_dispatch",
@@ -164,6 +165,10 @@ class Parallelism:
     # the MLP activation function's input kept for its backward as fp8, not 16-bit (Megatron-Core
     # --activation-func-fp8-input-store; fp8/fp4 recipes only)
     activation_fp8_input: bool = False
+    # Transformer Engine's fp8 weight copies (and their transposes for the data gradient) made on a step's first
+    # micro-batch and reused by the others (Megatron-Core passes is_first_microbatch to TE); false: made again every
+    # micro-batch (Megatron-Core disable_parameter_transpose_cache, NeMo's model key of that name; fp8/fp4 recipes)
+    fp8_transpose_cache: bool = True
     # the weight-gradient GEMM accumulates straight into the gradient buffer (Megatron-LM
     # --gradient-accumulation-fusion, Transformer Engine fuse_wgrad_accumulation); false: it writes a
     # 16-bit gradient that a hook adds into the buffer, per micro-batch (Megatron-LM of 2020-21,
@@ -444,6 +449,10 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
     if act_fp8 and workload.precision not in LOW_PRECISIONS:
         raise ps.err("activation_fp8_input", f"true with workload.precision {workload.precision} (expected an fp8 or "
                      "fp4 recipe: the fp8 copy is Transformer Engine's)")
+    t_cache = ps.boolean("fp8_transpose_cache", True)
+    if not t_cache and workload.precision not in LOW_PRECISIONS:
+        raise ps.err("fp8_transpose_cache", f"false with workload.precision {workload.precision} (expected an fp8 or "
+                     "fp4 recipe: the cached copies are Transformer Engine's fp8 weights)")
     if param_gather == "fp8" and workload.precision not in LOW_PRECISIONS:
         raise ps.err("param_gather_precision", f"fp8 with workload.precision {workload.precision} (expected an fp8 "
                      "or fp4 recipe: the fp8 weight copy is Transformer Engine's)")
@@ -484,6 +493,7 @@ def _parallelism(top: _Section, wl_sec: _Section, workload: Workload, cluster: C
         param_gather_precision=param_gather,
         offload_activations=offload,
         activation_fp8_input=act_fp8,
+        fp8_transpose_cache=t_cache,
         gradient_accumulation_fusion=ps.boolean("gradient_accumulation_fusion", True),
         cp_comm=_cp_comm(ps, model, tp=tp, cp=cp),
         ep_dispatch=ps.choice("ep_dispatch", EP_DISPATCHES, "alltoall"),

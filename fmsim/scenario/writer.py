@@ -90,6 +90,7 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         "param_gather_precision": par.param_gather_precision,
         **({"offload_activations": par.offload_activations} if par.offload_activations else {}),
         **({"activation_fp8_input": True} if par.activation_fp8_input else {}),
+        **({} if par.fp8_transpose_cache else {"fp8_transpose_cache": False}),
         **({} if par.gradient_accumulation_fusion else {"gradient_accumulation_fusion": False}),
         "cp_comm": par.cp_comm,
         "ep_dispatch": par.ep_dispatch,
