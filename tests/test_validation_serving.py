@@ -20,6 +20,8 @@ Then the CUTLASS fused MoE's own kernels per MoE layer (expert-map sort, stride 
 median 7.0 % unchanged, worst 78.2 -> 71.4 % (inf-094), latency unchanged; with both, worst 71.9 % (inf-094) and
 MoE rows +24.6 / +48.0 / +71.9 / +4.8 / +10.7 %. Then each expert's rows as routing draws them (Binomial, whole
 row tiles per expert: kernels.routed_grouped_gemm_efficiency): worst 71.9 -> 69.0 % (inf-094), median unchanged.
+Then TensorRT-LLM's KV pool as its PyTorch backend sizes it (the fused MoE op's workspace in the profiled peak, no
+decode logits): worst 69.0 -> 68.9 % (inf-094), median 7.02 % unchanged, latency unchanged.
 The MoE rows (Qwen3-235B, DeepSeek-R1: attention DP + EP on TensorRT-LLM) are far from the
 issue 28 target (median <= 10 %, worst <= 25 %); their level is guarded so it can only improve.
 """
@@ -77,10 +79,11 @@ def test_serving_latency_meets_the_issue_target_over_the_whole_set():
 #: serving_cost.CUTLASS_MOE_*): +24.6, +45.6, +71.4, +4.8, +10.7 % -- median 24.6, worst 71.4 (with the fp8 GEMM
 #: figures: +24.6, +48.0, +71.9, +4.8, +10.7). 2026-12-02 (third session), each expert's rows as routing draws them
 #: (Binomial(tokens, k / E), whole row tiles per expert; kernels.routed_grouped_gemm_efficiency): +24.2, +47.6,
-#: +69.0, +3.6, +9.1 % -- median 24.2, worst 69.0; bounds at those plus a margin
+#: +69.0, +3.6, +9.1 % -- median 24.2, worst 69.0. Then TensorRT-LLM's KV-pool sizing (fused-MoE workspace in the
+#: profiled peak, no decode logits): inf-094 +68.9 %, the rest unchanged; bounds at those plus a margin
 MOE_ROWS = ("inf-092", "inf-093", "inf-094", "ttc-010", "ttc-011")
 GUARD_MOE_MEDIAN_PCT = 25.5
-GUARD_MOE_WORST_PCT = 70.5
+GUARD_MOE_WORST_PCT = 70.0
 
 
 def test_serving_moe_rows_do_not_regress_past_todays_level():
@@ -111,6 +114,6 @@ def _worst(latency: bool) -> float:
 
 def test_serving_errors_stay_at_today_s_level():
     assert _median(latency=False) <= 7.5, f"throughput median {_median(latency=False):.1f} % (7.1 % measured, 47 values)"
-    assert _worst(latency=False) <= 70.5, f"throughput worst {_worst(latency=False):.1f} % (69.0 % measured, routed expert rows)"
+    assert _worst(latency=False) <= 70.0, f"throughput worst {_worst(latency=False):.1f} % (68.9 % measured, KV-pool sizing)"
     assert _median(latency=True) <= 11.5, f"latency median {_median(latency=True):.1f} % (10.7 % measured)"
     assert _worst(latency=True) <= 34.0, f"latency worst {_worst(latency=True):.1f} % (31.4 % measured)"

@@ -77,6 +77,33 @@ CUTLASS_MOE_QUANT_KERNELS = 1      # input quantize, fp8 / nvfp4 checkpoints
 CUTLASS_MOE_FUSED_SORT_MAX_ROWS = 256
 CUTLASS_MOE_UNFUSED_SORT_EXTRA = 2  # three-step sort instead of the fused one
 INDEX_BYTES = 4.0                  # int32 expert ids and row maps
+#: bytes per element of the CUTLASS MoE op's activation type T (``dtype_size`` in getWorkspaceDeviceBufferSizes: the
+#: fp8 / nvfp4 checkpoint's quantized input, else 16-bit) and of its unfused GEMM output (``UnfusedGemmOutputType``,
+#: 16-bit), and the int32 / fp32 per-row maps it keeps (unpermuted/permuted source ids and expert ids, four int32, and
+#: the fp32 final scales of the fused finalize)
+_CUTLASS_MOE_T_BYTES = {"fp8": 1.0, "fp4": 0.5}
+_CUTLASS_MOE_OUT_BYTES = 2.0
+_CUTLASS_MOE_ROW_MAP_BYTES = 4 * INDEX_BYTES + 4.0
+
+
+def cutlass_moe_workspace_per_row(hidden: float, inter: float, precision: str, gated: bool = True) -> float:
+    """Workspace bytes TensorRT-LLM's CUTLASS fused MoE op allocates per expanded row (top-k x the op's rows).
+
+    The rule of ``CutlassMoeFCRunner::getWorkspaceDeviceBufferSizes`` (cpp/tensorrt_llm/kernels/cutlass_kernels/
+    moe_gemm/moe_kernels.cu, NVIDIA/TensorRT-LLM, the stored revisions read: the one of the v1.0 line and the listing's
+    @ac73e3116f, the same rule), restated: ``num_moe_inputs = experts_per_token * num_rows`` rows -- sized for every
+    expanded row whatever EP keeps local -- and two overlapped buffers, the GEMMs' inputs ``max(permuted_data
+    (hidden x T), fc2_result (hidden x out), fc1_result (inter x T))`` and their outputs ``max(glu_inter (2 inter x
+    out when gated), fc2_result, fc1_result)``, plus the per-row maps; the sorter, pointer arrays and GEMM workspace do
+    not grow with hidden size and are left out. ``inter`` is the expert's intermediate on one GPU. The torch op keeps
+    it as a torch tensor (cpp/tensorrt_llm/thop/moeOp.cpp getWorkspaceInfo: torch::empty), so the engine's memory
+    profiling counts it in its peak."""
+    t = _CUTLASS_MOE_T_BYTES.get(precision, ACT_BYTES)
+    o = _CUTLASS_MOE_OUT_BYTES
+    glu = (2 if gated else 1) * inter * o
+    inputs = max(hidden * t, hidden * o, inter * t)
+    outputs = max(glu, hidden * o, inter * t)
+    return inputs + outputs + _CUTLASS_MOE_ROW_MAP_BYTES
 def _flop_weighted_efficiency(gemms: list[tuple[float, float, float]], k0: float = GEMM_K0) -> float:
     """Efficiency of a chain of GEMMs given as (FLOPs share, K, N): sum(f) / sum(f / e(K))."""
     tot = sum(g[0] for g in gemms)
@@ -140,6 +167,11 @@ class EngineProfile:
     #: the MoE layer's kernels: ``generic`` (KERNELS_MOE_LAYER) or ``cutlass`` (TensorRT-LLM's CUTLASS fused MoE adds
     #: its expert-map sort, stride setup and input quantize: CUTLASS_MOE_*)
     moe_impl: str = "generic"
+    #: whether the memory the KV pool is sized against holds fp32 logits for ``max_seqs`` sequences: TensorRT-LLM's
+    #: PyTorch backend sizes it from one profiled forward of max_num_tokens in context requests (each
+    #: ``max_seq_len - 1`` tokens long, logits for their last token only: KvCacheCreator._create_dummy_context_requests,
+    #: _util.py), so a full decode batch's logits are not in that peak and come out of the 1 - fraction left
+    sizing_counts_logits: bool = True
 
     def limits_on(self, accelerator: Any) -> tuple[int | None, int | None]:
         """(max_seqs, max_batch_tokens) this engine defaults to on ``accelerator`` (a catalog Accelerator)."""
@@ -229,8 +261,18 @@ ENGINES: Mapping[str, EngineProfile] = {
         kv_follows_quantization=True,
         graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192),
         limits_per_rank=True, moe_comm="allgather", auto_limits_from="trtllm-bench", moe_impl="cutlass",
+        sizing_counts_logits=False,
         source="TensorRT-LLM: CUDA graphs with padding for generation batches of 1..8192 (the llm_options.yml "
-               "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory, GUARANTEED_NO_EVICT "
+               "of docs/source/performance/perf-overview.md); kv_cache_free_gpu_mem_fraction 0.9 of free memory (trtllm-bench's "
+               "--kv_cache_free_gpu_mem_fraction default .90): the PyTorch backend profiles one forward of max_num_tokens "
+               "per rank after loading the weights and sizes the pool to fraction x (device total - peak), the peak "
+               "being weights + that forward's torch allocations (the fused MoE op's workspace among them) + memory held "
+               "outside torch (tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator.estimate_max_tokens / "
+               "_cal_max_tokens, the v1.0 line; the same rule @0004396720 configure_kv_cache_capacity); no max_tokens "
+               "cap unless set; each attention-DP rank sizes its own pool; CUDA graphs are captured largest first at "
+               "executor warmup and the capture stops where the (estimation-sized) cache cannot hold the batch "
+               "(model_engine.py warmup: 'No KV cache space!'), so the final graphs come out of the 1 - fraction left; "
+               "GUARANTEED_NO_EVICT "
                "capacity scheduler, in-flight batching of context and generation, overlap scheduler hides "
                "CPU work behind GPU work (docs/source/features/overlap-scheduler.md); trtllm-bench sizes "
                "max_batch_size from its own KV estimate (GPUs x device memory less the checkpoint's size, KV bytes "
@@ -506,6 +548,9 @@ class ServingCostModel:
     router_group_topk: int = 0
     deepep_fp8_dispatch: bool = True
     deepep_collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
+    #: the fused MoE op's workspace per expanded row (top-k x its rows; :func:`cutlass_moe_workspace_per_row`; 0: the
+    #: generic MoE, whose workspace the memory model leaves to the activation buffers)
+    moe_workspace_bytes_per_row: float = 0.0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     #: moe_comm ``deepep``: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds
     #: (fmsim.hardware.dispatch.deepep_moe_layer_fn: low-latency kernels for decode-sized batches, normal above)
@@ -730,22 +775,31 @@ class ServingCostModel:
         return self.iteration_time(self.prefill_work(new, cached, finishing=True))
 
     # -- memory ---------------------------------------------------------------------------
-    def activation_bytes(self, max_batch_tokens: int, max_seqs: int, model: Any) -> float:
+    def activation_bytes(self, max_batch_tokens: int, max_seqs: int, model: Any, *, logits: bool = True) -> float:
         """Activation workspace per GPU for the engine's largest iteration.
 
         A few hidden-size buffers plus the MLP intermediate per token (bf16), and fp32 logits for
         every sequence -- the buffers TensorRT-LLM and vLLM size from max tokens / max sequences.
         With data-parallel attention each GPU holds its own rank's tokens and sequences (the engine's
         limits over its ``dp_groups``); an all-gather MoE exchange adds, per GPU, the gathered tokens of every
-        rank (quantized) and the op's 16-bit output for each before the reduce-scatter.
+        rank (quantized) and the op's 16-bit output for each before the reduce-scatter; a fused CUTLASS MoE adds its
+        workspace (:func:`cutlass_moe_workspace_per_row`). ``logits=False``: the memory an engine's KV sizing
+        profiles holds no decode batch's logits (:attr:`EngineProfile.sizing_counts_logits`).
         """
         split = self.tp
         ffn = model.ffn_hidden if model.moe is None else max(model.ffn_hidden, model.moe.expert_ffn_hidden)
         per_token = (4 * model.hidden + 3 * ffn / split) * ACT_BYTES
         g = self.dp_groups
-        act = max_batch_tokens / g * per_token + max_seqs / g * model.vocab / split * LOGIT_BYTES
+        act = max_batch_tokens / g * per_token + (max_seqs / g * model.vocab / split * LOGIT_BYTES if logits else 0.0)
         if g > 1 and self.moe_comm == "allgather":
             act += max_batch_tokens * model.hidden * (self.moe_gather_bytes + ACT_BYTES)
+        if self.moe_workspace_bytes_per_row and model.moe is not None:
+            # the fused MoE op over every token it takes at the profiling forward of max_num_tokens per rank: the
+            # whole engine's tokens under TP or an all-gather exchange (TensorRT-LLM does not chunk them: its
+            # moe_max_num_tokens defaults to max_num_tokens x the attention-DP size, fused_moe_cutlass.py), else
+            # the rank's own
+            rows = max_batch_tokens if (g == 1 or self.moe_comm == "allgather") else max_batch_tokens / g
+            act += self.top_k * rows * self.moe_workspace_bytes_per_row
         return act
 
     def kv_capacity_tokens(self, *, hbm_bytes: float, memory_fraction: float, fraction_of: str,
@@ -1020,6 +1074,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         if moe_comm == "deepep" and groups > 1 and coll is not None else None,
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
         **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
+        moe_workspace_bytes_per_row=cutlass_moe_workspace_per_row(
+            model.hidden, moe.expert_ffn_hidden / (1 if groups > 1 else tp), precision, model.gated) if cutlass else 0.0,
     )
 
 

@@ -155,7 +155,8 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
     max_seqs = sv.max_seqs if sv.max_seqs is not None else default_seqs
     max_tokens = sv.max_batch_tokens if sv.max_batch_tokens is not None else default_tokens
     # a first KV estimate with a provisional workspace sizes any ``auto`` limit, then the real one
-    prov = cost.activation_bytes(max_tokens or 8192, max_seqs or 256, model)
+    logits = profile.sizing_counts_logits
+    prov = cost.activation_bytes(max_tokens or 8192, max_seqs or 256, model, logits=logits)
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=prov) // pp
     if max_seqs is None or max_tokens is None:
@@ -171,7 +172,7 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
         max_seqs = max_seqs or bs
         max_tokens = max_tokens or tok
     max_seqs, max_tokens = max_seqs * ranks, max_tokens * ranks
-    act = cost.activation_bytes(max_tokens, max_seqs, model)
+    act = cost.activation_bytes(max_tokens, max_seqs, model, logits=logits)
     cap = cost.kv_capacity_tokens(hbm_bytes=hbm, memory_fraction=frac, fraction_of=profile.memory_fraction_of,
                                   activation_bytes=act) // pp
     if cost.graph_batch_sizes:
