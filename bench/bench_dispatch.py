@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's
 
 from fmsim.catalog import load_catalog
 from fmsim.hardware.collectives import GroupShape, all_to_all_time
-from fmsim.hardware.dispatch import deepep_low_latency_s, p2p_protocol
+from fmsim.hardware.dispatch import p2p_protocol
+from fmsim.model.deepep import layer_time_fn
 
 GROUPS = [("p5.48xlarge", 8), ("p5.48xlarge", 64), ("p4d.24xlarge", 32), ("p5en.48xlarge", 64), ("dgx-h100", 64)]
 PER_PEER = [256, 4096, 16384, 16385, 65536, 262144, 1 << 20, 4 << 20]
@@ -40,12 +41,13 @@ def main() -> None:
             proto = p2p_protocol(float(m), inst.fabric.name if nodes > 1 else None)
             print(f"{m:>10} {proto:>6} {t * 1e6:>10.1f} {100 * alpha / t:>9.0f}% {d * 1e6:>10.1f}")
     inst = cat.instance("dgx-h100")
-    print("\nDeepEP low-latency dispatch + combine on dgx-h100, hidden 7168, top-8, FP8 dispatch (us)")
-    print(f"{'tokens':>7} " + " ".join(f"{'EP' + str(ep):>8}" for ep in (8, 16, 32, 64, 128, 256)))
-    for tokens in (1, 8, 32, 128):
-        row = [deepep_low_latency_s("dispatch", tokens, 7168, 8, ep, 1 + 4 / 128, inst)
-               + deepep_low_latency_s("combine", tokens, 7168, 8, ep, 2.0, inst) for ep in (8, 16, 32, 64, 128, 256)]
-        print(f"{tokens:>7} " + " ".join(f"{t * 1e6:>8.1f}" for t in row))
+    print("\nDeepEP low-latency dispatch + combine on dgx-h100, hidden 7168, top-8, FP8 dispatch (us; calls of 128)")
+    eps = (8, 16, 32, 64, 128, 256)
+    print(f"{'tokens':>7} " + " ".join(f"{'EP' + str(ep):>8}" for ep in eps))
+    fns = {ep: layer_time_fn("low_latency", inst, hidden=7168, top_k=8, nodes=-(-ep // inst.num_accelerators))
+           for ep in eps}
+    for tokens in (1, 8, 32, 128, 256):
+        print(f"{tokens:>7} " + " ".join(f"{fns[ep](tokens, ep) * 1e6:>8.1f}" for ep in eps))
 
 
 if __name__ == "__main__":

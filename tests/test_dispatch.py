@@ -13,6 +13,7 @@ from fmsim.catalog import data_root, load_catalog
 from fmsim.errors import ConfigError
 from fmsim.hardware.collectives import GroupShape, all_to_all_time
 from fmsim.hardware.dispatch import (
+    deepep_low_latency_rates,
     deepep_low_latency_s,
     deepep_normal_fractions,
     dispatch_catalog,
@@ -164,54 +165,73 @@ def test_deepep_normal_beats_nccl_between_nodes_at_large_messages():
         assert _a2a("dgx-h100", ep, 8, size, kernel="deepep") < _a2a("dgx-h100", ep, 8, size)
 
 
+def _ll_bytes(tokens: float, per_element: float) -> float:
+    return tokens * 8 * 7168 * per_element                          # hidden 7168, top-8: every (token, expert) copy
+
+
 def test_deepep_low_latency_reproduces_its_table_at_its_own_setting():
     """On an H800 node (hgx-h800: one ConnectX-7 400 Gb/s per GPU) at 128 tokens, hidden 7168, top-8, the kernel's
     time is the README's latency within 6 % (the bandwidth column over the FP8 / BF16 bytes)."""
     inst = CAT.instance("hgx-h800")
     for ep, (dl, _, cl, _) in DC.deepep.low_latency.items():
-        d = deepep_low_latency_s("dispatch", 128, 7168, 8, ep, 1 + 4 / 128, inst)
-        c = deepep_low_latency_s("combine", 128, 7168, 8, ep, 2.0, inst)
+        d = deepep_low_latency_s("dispatch", _ll_bytes(128, 1 + 4 / 128), ep, inst)
+        c = deepep_low_latency_s("combine", _ll_bytes(128, 2.0), ep, inst)
         assert d == pytest.approx(dl * 1e-6, rel=0.06), ep
         assert c == pytest.approx(cl * 1e-6, rel=0.06), ep
 
 
-def test_deepep_low_latency_scales_with_bytes_down_to_a_floor():
+def test_deepep_low_latency_scales_with_bytes_down_to_one_hop_not_nccls_latency():
     inst = CAT.instance("hgx-h800")
-    t = [deepep_low_latency_s("dispatch", n, 7168, 8, 64, 1.03125, inst) for n in (1, 2, 8, 32, 128, 512)]
+    t = [deepep_low_latency_s("dispatch", _ll_bytes(n, 1.03125), 64, inst) for n in (1, 2, 8, 32, 128, 512)]
     assert t == sorted(t)
     assert t[-1] == pytest.approx(4 * t[-2])                     # bandwidth-bound: linear in tokens
-    floor = p2p_latency_s("ll", link="nvlink", fabric=inst.fabric.name)
-    assert t[0] == pytest.approx(floor)                          # one token: the send's latency
-    assert deepep_low_latency_s("combine", 0, 7168, 8, 64, 2.0, inst) == 0.0
+    # one token: one hop of the farthest link (the fabric's catalog latency), not NCCL's LL send + posts
+    assert t[0] == pytest.approx(inst.fabric.latency_s)
+    assert t[0] < p2p_latency_s("ll", link="nvlink", fabric=inst.fabric.name, remote_peers=56)
+    disp, comb, floor = deepep_low_latency_rates(64, inst)
+    assert floor == inst.fabric.latency_s                      # hgx-h800: 50 GB/s a GPU, the table's own NIC
+    assert (disp, comb) == (pytest.approx(43e9), pytest.approx(46e9))   # EP 64: dispatch 43, combine 46 GB/s
+    assert deepep_low_latency_s("combine", 0, 64, inst) == 0.0
     with pytest.raises(ConfigError, match="dispatch"):
-        deepep_low_latency_s("gather", 1, 7168, 8, 64, 2.0, inst)
+        deepep_low_latency_s("gather", 1, 64, inst)
 
 
 # ---------------------------------------------------------------------------------------------- serving
 
 
-def test_serving_deepep_takes_low_latency_kernels_for_decode_and_normal_ones_for_prefill():
+def test_serving_deepep_prices_each_mode_through_deepeps_kernels():
+    """``serving.deepep`` is the one way serving reaches DeepEP: low_latency through the low-latency table (calls of
+    at most SGLang's 128 tokens a rank), normal through the normal kernels training uses -- neither pays NCCL's
+    send/recv latencies, and the engine option ``moe_comm="deepep"`` is gone."""
+    from fmsim.model.deepep import exchange_sizes
     from fmsim.model.serving_cost import build_cost_model
 
     model, inst = CAT.model("deepseek-r1"), CAT.instance("dgx-h100")
     kw = dict(precision="fp8", kv_dtype="bf16", tp=1, ep=16, attention_dp=True)
-    deepep = build_cost_model(model, inst, moe_comm="deepep", **kw)
+    low = build_cost_model(model, inst, deepep="low_latency", **kw)
+    normal = build_cost_model(model, inst, deepep="normal", **kw)
     nccl = build_cost_model(model, inst, **kw)
     layers = model.num_moe_layers
-    assert deepep.num_all_to_all == 2 * layers
-    fp8 = 1 + 4 / 128
-    # decode: 64 tokens a rank -> the low-latency kernels, dispatch FP8 + combine BF16, per MoE layer
-    per_layer = (deepep_low_latency_s("dispatch", 64, model.hidden, model.moe.top_k, 16, fp8, inst)
-                 + deepep_low_latency_s("combine", 64, model.hidden, model.moe.top_k, 16, 2.0, inst))
-    assert deepep.comm_time(64 * 16) == pytest.approx(layers * per_layer, rel=1e-9)
-    # prefill: 4096 tokens a rank -> the normal kernels
-    k = model.moe.top_k
+    assert low.num_all_to_all == 2 * layers
+    # decode: 64 tokens a rank, one low-latency call each way per MoE layer (FP8 dispatch, BF16 combine)
+    d, c = exchange_sizes("low_latency", tokens_per_rank=64, hidden=model.hidden, top_k=model.moe.top_k, nodes=2)
+    per_layer = deepep_low_latency_s("dispatch", d, 16, inst) + deepep_low_latency_s("combine", c, 16, inst)
+    assert low.comm_time(64 * 16) == pytest.approx(layers * per_layer, rel=1e-9)
+    # 256 tokens a rank: two calls of 128 (SGLang's num_max_dispatch_tokens_per_rank), each at the table's rate
+    d2, c2 = exchange_sizes("low_latency", tokens_per_rank=128, hidden=model.hidden, top_k=model.moe.top_k, nodes=2)
+    two = 2 * (deepep_low_latency_s("dispatch", d2, 16, inst) + deepep_low_latency_s("combine", c2, 16, inst))
+    assert low.comm_time(256 * 16) == pytest.approx(layers * two, rel=1e-9)
+    # prefill: 4096 tokens a rank through the normal kernels, over the per-node byte count
+    d, c = exchange_sizes("normal", tokens_per_rank=4096, hidden=model.hidden, top_k=model.moe.top_k, nodes=2,
+                          groups=model.moe.router_groups or 1, group_topk=model.moe.token_groups())
     shape = GroupShape(size=16, per_node=8)
-    normal = sum(all_to_all_time(4096 * k * model.hidden * b, inst, shape, nodes=2, kernel="deepep").time_s
-                 for b in (fp8, 2.0))
-    assert deepep.comm_time(4096 * 16) == pytest.approx(layers * normal, rel=1e-9)
-    # never slower than NCCL's all-to-all of the same tokens at these sizes
-    for tokens in (16, 1024, 65536):
-        assert deepep.comm_time(tokens) < nccl.comm_time(tokens)
-    with pytest.raises(ConfigError, match="deepep"):
-        build_cost_model(model, inst, moe_comm="nvshmem", **kw)
+    per_layer = sum(all_to_all_time(b, inst, shape, nodes=2, kernel="deepep").time_s for b in (d, c))
+    assert normal.comm_time(4096 * 16) == pytest.approx(layers * per_layer, rel=1e-9)
+    # faster than NCCL's all-to-all of every copy at 16 bits from decode-sized batches up (8 tokens a rank and
+    # more; below, DeepEP's one-hop floor, the fabric's catalog latency, exceeds NCCL's LL send: no fixed part of
+    # the low-latency kernels is published to set it by)
+    for tokens in (128, 1024, 65536):
+        assert low.comm_time(tokens) < nccl.comm_time(tokens)
+        assert normal.comm_time(tokens) < nccl.comm_time(tokens)
+    with pytest.raises(ConfigError, match="moe_comm"):
+        build_cost_model(model, inst, moe_comm="deepep", **kw)

@@ -21,10 +21,13 @@ boundaries on p5 and later (aws-ofi-nccl PR #516 and platform-aws.cpp), not on p
 DeepEP (deepseek-ai/DeepEP, V1 tables): the *normal* kernels (NVLink inside a node, RDMA forwarding between nodes,
 training and prefill) reach the bottleneck bandwidths of its README per EP size; the *low-latency* kernels (decode)
 take a dispatch and a combine latency per EP size at 128 tokens per rank. Both tables were measured at hidden 7168,
-top-8, FP8 dispatch and BF16 combine; fmsim scales them by the bytes moved (tokens x top-k x hidden x bytes per
-element): a bandwidth holds at other sizes, the low-latency kernels' time is the table's bandwidth over the bytes,
-never below one LL send over the NIC (:func:`deepep_low_latency_s`). Figures and sources:
-``hardware_catalog/dispatch.yaml``.
+top-8, FP8 dispatch and BF16 combine; fmsim scales them by the bytes moved (the byte counts of
+``fmsim.model.deepep``): a bandwidth holds at other sizes, the low-latency kernels' time is the table's bandwidth
+over the bytes of one call, never below one hop of the farthest link (:func:`deepep_low_latency_s`). DeepEP is not
+NCCL: neither family pays NCCL's send/recv protocol latencies or per-peer posts. Figures and sources:
+``hardware_catalog/dispatch.yaml``. Serving reaches them only through :func:`fmsim.model.deepep.layer_time_fn`
+(``serving.deepep``), training's ``ep_dispatch: deepep`` through ``all_to_all_time(kernel="deepep")``, which
+serving's normal mode calls too.
 """
 from __future__ import annotations
 
@@ -256,50 +259,35 @@ def deepep_instance(instance: Instance, ep: int, cat: DispatchCatalog | None = N
                                fabric=dataclasses.replace(instance.fabric, efficiency=rdma))
 
 
-def deepep_low_latency_s(op: str, tokens: float, hidden: int, top_k: int, ep: int, bytes_per_element: float,
-                         instance: Instance, cat: DispatchCatalog | None = None) -> float:
-    """One low-latency ``dispatch`` or ``combine`` of ``tokens`` per rank: the bytes it moves (every token to each
-    of its top-k experts) over the README's bandwidth at ``ep`` (interpolated in log2 EP, held at the ends),
-    scaled by the instance's per-GPU NIC line rate against the table's 50 GB/s; never less than one LL send
-    over the NIC as NCCL prices it (:func:`p2p_latency_s`: the table has one token count, so its fixed part is
-    not printed)."""
+def deepep_low_latency_s(op: str, size_bytes: float, ep: int, instance: Instance,
+                         cat: DispatchCatalog | None = None) -> float:
+    """One low-latency ``dispatch`` or ``combine`` call that sends ``size_bytes`` from each rank (the caller's byte
+    count: every token to each of its top-k experts, fmsim.model.deepep): the bytes over the README's bandwidth at
+    ``ep`` (interpolated in log2 EP, held at the ends), scaled by the instance's per-GPU NIC line rate against the
+    table's 50 GB/s. The table has one token count (128 a rank), so its fixed part is not printed: a call never
+    takes less than one hop of the farthest link the group crosses (the link catalog's latency, the floor the
+    normal kernels pay too) -- not NCCL's send/recv protocol latencies, which DeepEP's kernels (NVSHMEM / IBGDA
+    puts) do not run through."""
     if op not in ("dispatch", "combine"):
         raise ConfigError(f"op must be 'dispatch' or 'combine' (got {op!r})", field="op")
-    cat = cat or dispatch_catalog()
-    d = cat.deepep
-    col = 1 if op == "dispatch" else 3
+    if size_bytes <= 0 or ep <= 1:
+        return 0.0
+    disp, comb, floor = deepep_low_latency_rates(ep, instance, cat)
+    return max(size_bytes / (disp if op == "dispatch" else comb), floor)
+
+
+def deepep_low_latency_rates(ep: int, instance: Instance,
+                             cat: DispatchCatalog | None = None) -> tuple[float, float, float]:
+    """(dispatch bytes/s, combine bytes/s, floor seconds) of DeepEP's low-latency kernels over an EP group of ``ep``
+    packed into as few nodes of ``instance`` as it fills (:func:`deepep_low_latency_s`)."""
+    from .collectives import GroupShape, group_view     # collectives imports this module
+
+    d = (cat or dispatch_catalog()).deepep
     nic = instance.num_nics * instance.nic_bytes_per_s / instance.num_accelerators
-    bw = _interp_log2(d.low_latency, ep, col) * _GB * nic / (d.rdma_line_gbps * _GB)
-    size = tokens * top_k * hidden * bytes_per_element
-    floor = p2p_latency_s("ll", link="nvlink", fabric=instance.fabric.name, cat=cat)
-    return max(size / bw, floor) if size > 0 else 0.0
-
-
-def deepep_moe_layer_fn(instance: Instance, hidden: int, top_k: int, dispatch_bytes_per_element: float,
-                        cat: DispatchCatalog | None = None):
-    """``(tokens per rank, EP size) -> seconds`` of one MoE layer's dispatch plus combine through DeepEP (BF16
-    combine): the low-latency kernels while a rank dispatches at most the low-latency table's token count (128,
-    the decode batches DeepEP's low-latency mode serves), the normal kernels above it (prefill), over the EP
-    group packed into as few nodes as it fills (the normal kernels' token-level deduplication per node is the
-    training path's, ``fmsim.model.ops``; the serving path sends every top-k copy)."""
-    from .collectives import GroupShape, all_to_all_time     # collectives imports this module
-
-    cat = cat or dispatch_catalog()
-    acc = instance.num_accelerators
-
-    def fn(tokens: float, ep: int) -> float:
-        if tokens <= 0 or ep <= 1:
-            return 0.0
-        if tokens <= cat.deepep.ll_tokens:
-            return (deepep_low_latency_s("dispatch", tokens, hidden, top_k, ep, dispatch_bytes_per_element,
-                                         instance, cat)
-                    + deepep_low_latency_s("combine", tokens, hidden, top_k, ep, 2.0, instance, cat))
-        shape = GroupShape(size=ep, per_node=min(ep, acc))
-        nodes = -(-ep // acc)
-        return sum(all_to_all_time(tokens * top_k * hidden * b, instance, shape, nodes=nodes, kernel="deepep").time_s
-                   for b in (dispatch_bytes_per_element, 2.0))
-
-    return fn
+    scale = _GB * nic / (d.rdma_line_gbps * _GB)
+    view = group_view(instance, GroupShape(size=ep, per_node=min(ep, instance.num_accelerators)))
+    floor = max((t.latency_s for t in view.tiers), default=0.0)
+    return _interp_log2(d.low_latency, ep, 1) * scale, _interp_log2(d.low_latency, ep, 3) * scale, floor
 
 
 __all__ = [
@@ -309,8 +297,8 @@ __all__ = [
     "FabricProtocols",
     "Protocol",
     "deepep_instance",
+    "deepep_low_latency_rates",
     "deepep_low_latency_s",
-    "deepep_moe_layer_fn",
     "deepep_normal_fractions",
     "dispatch_catalog",
     "nccl_transport",

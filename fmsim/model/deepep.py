@@ -13,15 +13,32 @@ DeepEP (deepseek-ai/DeepEP) replaces the all-to-all of each token's top-k hidden
 
 Both send the dispatch in FP8 with one fp32 scale per 128 channels (DeepEP: "FP8 dispatch, BF16 combine";
 DeepSeek's Day 6 note: "dispatch transmissions adopt the FP8 format ... combine transmissions use the BF16
-format"; the 1 x 128 activation tiles of DeepSeek-V3 §3.3.1) and the combine in BF16. DeepEP moves them at the
-NIC's line rate (its tables reach 39-58 GB/s of a 400 Gb/s ConnectX-7's ~50), so the serving model prices them on
-a line-rate fabric, as the training model does for ``ep_dispatch: deepep``.
+format"; the 1 x 128 activation tiles of DeepSeek-V3 §3.3.1) and the combine in BF16.
+
+This module counts the bytes; DeepEP's measured kernels price them (:func:`layer_time_fn`, through
+``fmsim.hardware.dispatch`` and ``hardware_catalog/dispatch.yaml``, the README's V1 tables):
+
+* ``normal``: the normal kernels' NVLink and RDMA bandwidths per EP size, the path training's ``ep_dispatch: deepep``
+  takes (``fmsim.hardware.collectives.all_to_all_time(kernel="deepep")``);
+* ``low_latency``: the low-latency kernels' dispatch and combine bandwidths per EP size, measured at 128 tokens a
+  rank. A low-latency call takes at most ``num_max_dispatch_tokens_per_rank`` tokens (DeepEP asserts it; its README
+  recommends below 256); SGLang sets 128 (:data:`LL_MAX_DISPATCH_TOKENS`), and a larger batch a rank runs as
+  ``ceil(tokens / 128)`` calls -- the blog's decode batch of 256 a GPU ran with two-batch overlap, two micro-batches
+  of 128 (sgl-project/sglang issue #6017, the decode command: ``--cuda-graph-bs 256 --enable-two-batch-overlap``).
+  Each call is the table's bandwidth over its bytes (the time linear in tokens below 128: the table has one token
+  count, so no fixed part is known), never below one hop of the farthest link.
+
+Neither pays NCCL's send/recv protocol latencies or its per-peer proxy posts: DeepEP is not NCCL.
 
 Not here: two-batch overlap (SGLang's ``--enable-two-batch-overlap``, DeepSeek's dual micro-batch), which hides
 part of this exchange behind the other micro-batch's compute -- not priced, for want of a source for how much of
 it a real overlap hides (the files that ran it say so).
 """
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
 
 from .ops import distinct_nodes
 
@@ -31,6 +48,11 @@ DEEPEP_MODES = ("none", "normal", "low_latency")
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128.0
 #: bytes a hidden element takes in the BF16 combine
 COMBINE_BYTES = 2.0
+#: SGLang's ``num_max_dispatch_tokens_per_rank`` for DeepEP's low-latency buffer: 128, hard-coded ("TODO(ch-wan):
+#: allow users to set this value"; sgl-project/sglang @0004ba713aa6ab0c03a8582939a9177ad221b293,
+#: python/sglang/srt/layers/moe/ep_moe/token_dispatcher.py, DeepEPDispatcher.__init__), later the environment
+#: variable SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK with the same default
+LL_MAX_DISPATCH_TOKENS = 128
 
 
 def copies_per_token(mode: str, *, top_k: int, nodes: int, groups: int = 1, group_topk: int = 0) -> float:
@@ -60,3 +82,50 @@ def exchange_sizes(mode: str, *, tokens_per_rank: float, hidden: int, top_k: int
     copies = copies_per_token(mode, top_k=top_k, nodes=nodes, groups=groups, group_topk=group_topk)
     rows = tokens_per_rank * copies * hidden
     return rows * (FP8_DISPATCH_BYTES if fp8_dispatch else COMBINE_BYTES), rows * COMBINE_BYTES
+
+
+def layer_time_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: int, groups: int = 1,
+                  group_topk: int = 0, fp8_dispatch: bool = True,
+                  max_tokens: int = LL_MAX_DISPATCH_TOKENS) -> Callable[[float, int], float]:
+    """``(tokens per rank, EP size) -> seconds`` of one MoE layer's DeepEP dispatch plus combine on ``instance``:
+    :func:`exchange_sizes`'s bytes through DeepEP's measured kernels (module docstring). ``nodes``: the nodes the EP
+    group spans (its members packed into as few as it fills)."""
+    from ..hardware.collectives import GroupShape, all_to_all_time
+    from ..hardware.dispatch import deepep_low_latency_rates
+
+    if mode not in DEEPEP_MODES[1:]:
+        raise ValueError(f"deepep mode must be one of {', '.join(DEEPEP_MODES[1:])} (got {mode!r})")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (got {max_tokens})")
+    acc = instance.num_accelerators
+    affine: dict[int, tuple[float, float]] = {}
+    rates: dict[int, tuple[float, float, float]] = {}
+
+    def normal_s(size: float, ep: int) -> float:
+        # the normal kernels' cost is one hop plus the bytes over the EP size's rates: affine in the size, so two
+        # evaluations per EP size give it exactly
+        ab = affine.get(ep)
+        if ab is None:
+            shape = GroupShape(size=ep, per_node=min(ep, acc))
+            t1, t2 = (all_to_all_time(x, instance, shape, nodes=nodes, kernel="deepep").time_s
+                      for x in (1.0, 2.0 ** 30))
+            slope = (t2 - t1) / (2.0 ** 30 - 1.0)
+            ab = affine[ep] = (t1 - slope, slope)
+        return ab[0] + ab[1] * size if size > 0 else 0.0
+
+    def fn(tokens_per_rank: float, ep: int) -> float:
+        if tokens_per_rank <= 0 or ep <= 1:
+            return 0.0
+        dispatch, combine = exchange_sizes(mode, tokens_per_rank=tokens_per_rank, hidden=hidden, top_k=top_k,
+                                           nodes=nodes, groups=groups, group_topk=group_topk,
+                                           fp8_dispatch=fp8_dispatch)
+        if mode == "normal":
+            return normal_s(dispatch, ep) + normal_s(combine, ep)
+        r = rates.get(ep)
+        if r is None:
+            r = rates[ep] = deepep_low_latency_rates(ep, instance)
+        calls = math.ceil(tokens_per_rank / max_tokens)
+        # each call: its bytes over the table's rate, never below one hop (dispatch.deepep_low_latency_s)
+        return calls * (max(dispatch / calls / r[0], r[2]) + max(combine / calls / r[1], r[2]))
+
+    return fn

@@ -26,7 +26,6 @@ microbatch's path through all ``pp`` stages: its iteration takes the sum of the 
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,10 +34,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
-from ..hardware.dispatch import deepep_moe_layer_fn
 from ..units import format_bytes
 from .architecture import causal_pairs, window_pairs
-from .deepep import DEEPEP_MODES, exchange_sizes
+from .deepep import DEEPEP_MODES, exchange_sizes, layer_time_fn
 from .kernels import (
     BYTES_PER_ELEMENT,
     GEMM_K0,
@@ -153,8 +151,8 @@ class EngineProfile:
     limits_per_rank: bool = False
     #: how the MoE layers of a data-parallel-attention engine move tokens to their experts: ``all-to-all``
     #: (dispatch + combine of each token's top-k copies) or ``allgather`` (every rank gathers all ranks'
-    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back) or ``deepep``
-    #: (DeepEP's low-latency kernels for decode-sized batches, its normal ones above: fmsim.hardware.dispatch)
+    #: quantized tokens, runs its own experts over them, and a reduce-scatter sums the outputs back); DeepEP's
+    #: exchange is the scenario's ``serving.deepep`` (fmsim.model.deepep), not an engine default
     moe_comm: str = "all-to-all"
     #: (max_seqs, max_batch_tokens) on a device with under ``large_device_bytes`` of memory or named A100:
     #: vLLM >= 0.9 sets its defaults per device ("device_memory >= 70 * GiB_bytes and 'a100' not in
@@ -540,21 +538,21 @@ class ServingCostModel:
     #: tokens it gathers (the experts' activation precision: 1 for fp8, 0.5625 for nvfp4, 2 for 16-bit)
     moe_comm: str = "all-to-all"
     moe_gather_bytes: float = ACT_BYTES
-    #: DeepEP's exchange (``serving.deepep``, fmsim.model.deepep): mode, the nodes the engine spans, the model's
-    #: router groups, whether the dispatch is fp8, and the line-rate fabric it is priced on
+    #: DeepEP's exchange (``serving.deepep``, fmsim.model.deepep): mode, the nodes the engine spans, and
+    #: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds through DeepEP's measured kernels
+    #: (fmsim.model.deepep.layer_time_fn; None: priced by ``collective``, a test's function, or not at all)
     deepep: str = "none"
     ep_nodes: int = 1
+    deepep_layer: Callable[[float, int], float] | None = field(default=None, compare=False, hash=False, repr=False)
+    #: a test's ``collective`` function prices DeepEP's byte counts instead: the model's router groups and
+    #: whether the dispatch is fp8 (exchange_sizes)
     router_groups: int = 1
     router_group_topk: int = 0
     deepep_fp8_dispatch: bool = True
-    deepep_collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     #: the fused MoE op's workspace per expanded row (top-k x its rows; :func:`cutlass_moe_workspace_per_row`; 0: the
     #: generic MoE, whose workspace the memory model leaves to the activation buffers)
     moe_workspace_bytes_per_row: float = 0.0
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
-    #: moe_comm ``deepep``: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds
-    #: (fmsim.hardware.dispatch.deepep_moe_layer_fn: low-latency kernels for decode-sized batches, normal above)
-    moe_deepep: Callable[[float, int], float] | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -578,7 +576,7 @@ class ServingCostModel:
                 t += self.num_all_reduce * self.collective("all-reduce", size, self.tp)
             if self.num_all_to_all:
                 group = self.engine_gpus // self.pp
-                if self.deepep != "none" and self.deepep_collective is not None:
+                if self.deepep != "none":
                     t += self._deepep_time(tokens, group)
                 elif self.moe_comm == "allgather":
                     # per MoE layer: all-gather every rank's quantized tokens with their top-k ids (int32) and
@@ -587,8 +585,6 @@ class ServingCostModel:
                     gathered = tokens * (self.hidden * self.moe_gather_bytes + self.top_k * 8)
                     t += layers * (self.collective("all-gather", gathered, group)
                                    + self.collective("reduce-scatter", tokens * self.hidden * ACT_BYTES, group))
-                elif self.moe_comm == "deepep" and self.moe_deepep is not None:
-                    t += self.num_all_to_all // 2 * self.moe_deepep(tokens / self.engine_gpus * self.pp, group)
                 else:
                     # dispatch / combine: every GPU sends its tokens' top-k hidden states
                     size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
@@ -600,13 +596,17 @@ class ServingCostModel:
         return t
 
     def _deepep_time(self, tokens: float, group: int) -> float:
-        """DeepEP's dispatch and combine over the MoE layers (fmsim.model.deepep), at the line rate."""
+        """DeepEP's dispatch and combine over the MoE layers: its measured kernels (fmsim.model.deepep.layer_time_fn),
+        or, under a test's ``collective`` function, its byte counts through that function's all-to-all."""
+        layers = self.num_all_to_all // 2
+        if self.deepep_layer is not None:
+            return layers * self.deepep_layer(tokens / group, group)
         dispatch, combine = exchange_sizes(self.deepep, tokens_per_rank=tokens / group, hidden=self.hidden,
                                            top_k=self.top_k, nodes=self.ep_nodes, groups=self.router_groups,
                                            group_topk=self.router_group_topk, fp8_dispatch=self.deepep_fp8_dispatch)
-        fn = self.deepep_collective
+        fn = self.collective
         assert fn is not None
-        return self.num_all_to_all // 2 * (fn("all-to-all", dispatch, group) + fn("all-to-all", combine, group))
+        return layers * (fn("all-to-all", dispatch, group) + fn("all-to-all", combine, group))
 
     def dense_efficiency(self, tokens: float) -> float:
         """Compute efficiency of the non-expert GEMMs for a batch of ``tokens``: K depth and, on
@@ -859,14 +859,15 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     the bytes of its input quantize and expert maps; CUTLASS_MOE_*).
 
     ``deepep``: ``none``, ``normal`` or ``low_latency`` -- the MoE exchange of an attention-DP engine as DeepEP's
-    kernels run it (fmsim.model.deepep: per-node forwarding or pure RDMA, fp8 dispatch, line rate).
+    kernels run it (fmsim.model.deepep: per-node forwarding or pure RDMA, fp8 dispatch, priced by DeepEP's measured
+    kernel tables, fmsim.hardware.dispatch).
 
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
     acc = instance.accelerator
-    if moe_comm not in ("all-to-all", "allgather", "deepep"):
-        raise ConfigError(f"moe_comm must be 'all-to-all', 'allgather' or 'deepep' (got {moe_comm!r})")
+    if moe_comm not in ("all-to-all", "allgather"):
+        raise ConfigError(f"moe_comm must be 'all-to-all' or 'allgather' (got {moe_comm!r}; DeepEP: deepep=...)")
     if moe_impl not in ("generic", "cutlass"):
         raise ConfigError(f"moe_impl must be 'generic' or 'cutlass' (got {moe_impl!r})")
     if deepep not in DEEPEP_MODES:
@@ -1069,9 +1070,6 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         moe_op_fraction=acc.moe_op_efficiency.get(precision, 1.0),
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
         moe_comm=moe_comm if groups > 1 else "all-to-all",
-        moe_deepep=deepep_moe_layer_fn(instance, model.hidden, moe.top_k,
-                                       1 + 4 / 128 if precision in ("fp8", "fp4") else ACT_BYTES)
-        if moe_comm == "deepep" and groups > 1 and coll is not None else None,
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
         **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
         moe_workspace_bytes_per_row=cutlass_moe_workspace_per_row(
@@ -1081,18 +1079,17 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
 
 def _deepep_fields(deepep: str, model: Any, instance: Any, gpus: int, attention_dp: bool, precision: str,
                    collective: Any) -> dict[str, Any]:
-    """The cost model's DeepEP fields (``deepep``): none without an attention-DP MoE engine; on the fabric model,
-    a copy of the instance at its line rate (fabric efficiency 1), as the training model prices DeepEP."""
-    if deepep == "none" or not attention_dp or model.moe is None:
+    """The cost model's DeepEP fields (``deepep``): none without an attention-DP MoE engine, or without a
+    communication cost (``collective`` None); on the fabric model, DeepEP's measured kernels
+    (fmsim.model.deepep.layer_time_fn); under a test's function, its byte counts through that function."""
+    if deepep == "none" or not attention_dp or model.moe is None or collective is None:
         return {}
-    if collective == "fabric":
-        line = dataclasses.replace(instance, fabric=dataclasses.replace(instance.fabric, efficiency=1.0))
-        fn: CollectiveFn | None = fabric_collective(line)
-    else:
-        fn = collective   # a test's function, or None (no communication cost)
-    return {"deepep": deepep, "ep_nodes": max(1, math.ceil(gpus / instance.num_accelerators)),
-            "router_groups": model.moe.router_groups or 1, "router_group_topk": model.moe.token_groups(),
-            "deepep_fp8_dispatch": precision in ("fp8", "fp4"), "deepep_collective": fn}
+    nodes = max(1, math.ceil(gpus / instance.num_accelerators))
+    groups, group_topk, fp8 = model.moe.router_groups or 1, model.moe.token_groups(), precision in ("fp8", "fp4")
+    layer = layer_time_fn(deepep, instance, hidden=model.hidden, top_k=model.moe.top_k, nodes=nodes, groups=groups,
+                          group_topk=group_topk, fp8_dispatch=fp8) if collective == "fabric" else None
+    return {"deepep": deepep, "ep_nodes": nodes, "deepep_layer": layer, "router_groups": groups,
+            "router_group_topk": group_topk, "deepep_fp8_dispatch": fp8}
 
 
 def kv_dtype_for(precision: str, requested: str, profile: EngineProfile) -> str:
