@@ -169,6 +169,18 @@ def main() -> None:
             c, p = pts[0][0], pts[0][1]
             model = gemm_k0(CAT.accelerator(c).peak(p))
             print(f"  {name:34s} e_max {emax:.3f}  K0 {k0:6.0f}   model K0 {model:6.0f}")
+    # cross-check of two independent sources: the 16-bit Blackwell best shapes priced with the K0 of their own
+    # chip's TensorRT-LLM sweep (b300 has none: B200's), the catalog figure unchanged
+    sweeps = point_sets()
+    k0_of = {"b200": depth_fit(sweeps["trtllm b200 float16 k 512..16k"])[1],
+             "gb200": depth_fit(sweeps["trtllm gb200 float16 k 512..16k"])[1]}
+    k0_of["b300"] = k0_of["b200"]
+    print("\n16-bit Blackwell best shapes, measured / (figure x shape efficiency) with the sweep's K0 instead of the model's:")
+    for c, p, e, m, n, k in mamf_points():
+        if c in k0_of:
+            acc = CAT.accelerator(c)
+            shape = kernels.gemm_efficiency(m, n, k, acc.compute_units, k0_of[c])
+            print(f"  {c:6s} {m}x{n}x{k}: K0 {k0_of[c]:4.0f} -> {e / (acc.gemm_efficiency[p] * shape):.3f}")
 
 
 if __name__ == "__main__":
