@@ -85,7 +85,11 @@ def gemm_efficiency(m: float, n: float, k: float, compute_units: int, k0: float)
     the catalog's unchanged figures (0.80, K0 = 320) takes the rms log error over its 125 shapes from
     0.24 (split-K at full depth on every SM) to 0.14, within 0.005 of the best-fitting pair on a grid
     (0.86, K0 = 400: 0.136; tests/test_catalog_hardware.py checks the 0.14). The catalog's large-GEMM
-    efficiency was measured on shapes that fill their waves, so a full wave counts as 1.
+    efficiency is used as the rate of a full wave at deep K (a full wave counts as 1). It is mamf-finder's best
+    shape, which does not fill its waves exactly: at those shapes this model prices the GEMM 1.04-1.09x slow in
+    16-bit on A100/H100, 1.22-1.36x in fp8 on H100/H200 (2.2-2.4 waves) and 1.28-1.73x in 16-bit on Blackwell
+    (the depth term at k 1024-3072); normalising the figures or a stream-K last wave fit the measured sweeps no
+    better (docs/catalogs.md "How the gemm figure meets the shape model"; tests/test_gemm_shape_sweeps.py).
     ``compute_units`` 0: no wave model, depth only.
     """
     if compute_units <= 0:

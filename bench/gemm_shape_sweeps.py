@@ -1,0 +1,187 @@
+"""The GEMM shape model (kernels.gemm_efficiency) against every measured GEMM sweep the catalog holds.
+
+Prints measured / predicted per point set, by chip and precision, for the shipped structure and for the two
+alternatives weighed in docs/catalogs.md ("How the gemm figure meets the shape model"):
+
+* ``waves``       -- the shipped model: CUTLASS tiles, wave quantization over the SMs, split-K below one wave,
+                     depth k / (k + K0) with K0 scaled by the math rate (kernels.gemm_k0);
+* ``stream-k``    -- the same, but the last partial wave split over all SMs (CUTLASS's data-parallel + stream-K
+                     hybrid, sm90 PersistentTileSchedulerSm90StreamK; Osama et al., "Stream-K", PPoPP 2023);
+* ``normalised``  -- each mamf-finder catalog figure divided by the model's shape efficiency at the shape it
+                     was measured (figure / shape_eff(best shape)).
+
+Point sets: mamf-finder's best shapes (hardware_catalog/measurements/mamf_finder_{bf16,fp8}.csv), OpenXLA's
+measured H100 table (h100_xla_matmul.csv, 125 shapes), TensorRT-LLM's B200 GEMMs (b200_trtllm_gemm.csv,
+m 8192, k >= 4096), TensorRT-LLM's B200 and GB200 K-depth sweeps (blackwell_trtllm_gemm_ksweep.csv, k 512..16384)
+and DeepGEMM's dense FP8 rows on H800 (h800_deepgemm_grouped.csv, layout dense). Each time is priced as the
+operator model prices a GEMM: max(compute, operand traffic) plus the fixed kernel cost.
+
+Run: ``python bench/gemm_shape_sweeps.py`` (a few seconds; prints, asserts nothing).
+"""
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fmsim.catalog import load_catalog  # noqa: E402
+from fmsim.model import kernels  # noqa: E402
+from fmsim.model.kernels import GEMM_TILES, KERNEL_FIXED_S, gemm_k0  # noqa: E402
+
+MEAS = ROOT / "hardware_catalog" / "measurements"
+CAT = load_catalog()
+MAMF_CHIPS = {"A100 SXM": "a100-80gb", "H100 SXM": "h100-sxm", "H200 SXM": "h200", "B200 SXM": "b200",
+              "B300 SXM": "b300", "GB200 SXM": "gb200"}
+BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
+Shape = Callable[[float, float, float, int, float], float]
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    return list(csv.DictReader(line for line in (MEAS / name).open() if not line.startswith("#")))
+
+
+def waves(m: float, n: float, k: float, sms: int, k0: float) -> float:
+    return kernels.gemm_efficiency(m, n, k, sms, k0)
+
+
+def stream_k(m: float, n: float, k: float, sms: int, k0: float) -> float:
+    """Full waves data-parallel, the remainder tiles' depth split over the SMs they leave (best split)."""
+    best = 0.0
+    for tm, tn in GEMM_TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        used = m * n / (tiles * tm * tn)
+        full, rest = divmod(tiles, sms)
+        steps = full * (k + k0)
+        if rest:
+            steps += min(k / s + k0 for s in range(1, sms // rest + 1))
+        best = max(best, used * (tiles * k / sms) / steps)
+    return min(1.0, best)
+
+
+def mamf_points() -> list[tuple[str, str, float, int, int, int]]:
+    out = []
+    for name, prec in (("mamf_finder_bf16.csv", "bf16"), ("mamf_finder_fp8.csv", "fp8")):
+        for r in _rows(name):
+            out.append((MAMF_CHIPS[r["accelerator"]], prec, float(r["mamf_tflops"]) / float(r["theory_tflops"]),
+                        int(r["best_m"]), int(r["best_n"]), int(r["best_k"])))
+    return out
+
+
+def figure(chip: str, prec: str, shape: Shape, normalised: bool) -> float:
+    """The catalog figure, or (normalised) mamf-finder's measurement over the shape model at its best shape. The
+    b200 fp8/fp4 figures are already read back through the model from TensorRT-LLM's GEMMs: kept."""
+    acc = CAT.accelerator(chip)
+    fig = acc.gemm_efficiency[prec]
+    if normalised and not (chip == "b200" and prec != "bf16"):
+        for c, p, e, m, n, k in mamf_points():
+            if (c, p) == (chip, prec):
+                fig = e / shape(m, n, k, acc.compute_units, gemm_k0(acc.peak(prec)))
+    return fig
+
+
+def seconds(chip: str, prec: str, m: float, n: float, k: float, shape: Shape, normalised: bool) -> float:
+    acc = CAT.accelerator(chip)
+    eff = figure(chip, prec, shape, normalised) * shape(m, n, k, acc.compute_units, gemm_k0(acc.peak(prec)))
+    compute = 2.0 * m * n * k / (acc.peak(prec) * eff)
+    traffic = (m * k + k * n) * BYTES[prec] + m * n * 2.0
+    return max(compute, traffic / (acc.hbm_bytes_per_s * acc.hbm_efficiency)) + KERNEL_FIXED_S
+
+
+def point_sets() -> dict[str, list[tuple[str, str, int, int, int, float]]]:
+    """name -> [(chip, precision, m, n, k, measured seconds)]."""
+    sets: dict[str, list[tuple[str, str, int, int, int, float]]] = {}
+    sets["openxla h100 bf16 (125)"] = [
+        ("h100-sxm", "bf16", int(r["m"]), int(r["n"]), int(r["k"]),
+         2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / (float(r["tflops"]) * 1e12))
+        for r in _rows("h100_xla_matmul.csv")]
+    prec = {"float16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}
+    for dt, p in prec.items():
+        sets[f"trtllm b200 {dt} k>=4096"] = [
+            ("b200", p, int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3)
+            for r in _rows("b200_trtllm_gemm.csv") if r["gemm_dtype"] == dt]
+    for dev in ("B200", "GB200"):
+        for dt, p in prec.items():
+            sets[f"trtllm {dev.lower()} {dt} k 512..16k"] = [
+                (dev.lower(), p, int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3)
+                for r in _rows("blackwell_trtllm_gemm_ksweep.csv")
+                if r["device"] == dev and r["gemm_dtype"] == dt and 512 <= int(r["k"]) <= 16384]
+    sets["deepgemm h800 fp8 dense m=4096"] = [
+        ("h100-sxm", "fp8", int(r["m_per_group"]), int(r["n"]), int(r["k"]),
+         2.0 * int(r["m_per_group"]) * int(r["n"]) * int(r["k"]) / (float(r["tflops"]) * 1e12))
+        for r in _rows("h800_deepgemm_grouped.csv") if r["layout"] == "dense" and r["m_per_group"] == "4096"]
+    return sets
+
+
+def log_errors(points, shape: Shape, normalised: bool) -> list[float]:
+    """log(predicted time / measured time): > 0 where the model is slow."""
+    return [math.log(seconds(c, p, m, n, k, shape, normalised) / t) for c, p, m, n, k, t in points]
+
+
+def rms(xs: list[float]) -> float:
+    return math.sqrt(statistics.mean(x * x for x in xs))
+
+
+def depth_fit(points) -> tuple[float, float]:
+    """(e_max, K0) of e = e_max k / (k + K0), least squares on 1/e against 1/k (the GEMM_K0 method), with e the
+    measured rate less the fixed kernel cost, over the dense peak."""
+    ks, inv = [], []
+    for c, p, m, n, k, t in points:
+        acc = CAT.accelerator(c)
+        ks.append(1.0 / k)
+        inv.append(acc.peak(p) * (t - KERNEL_FIXED_S) / (2.0 * m * n * k))
+    slope, icept = np.polyfit(ks, inv, 1)
+    return 1.0 / icept, slope / icept
+
+
+def main() -> None:
+    variants = {"waves": (waves, False), "stream-k": (stream_k, False), "normalised": (waves, True),
+                "stream-k+norm": (stream_k, True)}
+    print("mamf-finder best shapes: measured / predicted (1.00 = the model reproduces the figure's own shape)")
+    print(f"{'chip':10s} {'prec':4s} {'shape':>20s} " + " ".join(f"{v:>13s}" for v in variants))
+    for c, p, e, m, n, k in mamf_points():
+        t = 2.0 * m * n * k / (CAT.accelerator(c).peak(p) * e)
+        cells = [math.exp(log_errors([(c, p, m, n, k, t)], s, nrm)[0]) for s, nrm in variants.values()]
+        print(f"{c:10s} {p:4s} {f'{m}x{n}x{k}':>20s} " + " ".join(f"{x:13.3f}" for x in cells))
+    print("\nnormalised figures (mamf / shape efficiency at its best shape), waves model:")
+    for c, p, e, m, n, k in mamf_points():
+        fig = CAT.accelerator(c).gemm_efficiency[p]
+        print(f"  {c:10s} {p:4s} catalog {fig:.3f} -> {figure(c, p, waves, True):.3f}")
+    print("\nsweeps: rms log error (mean: > 0 model slow)")
+    print(f"{'set':34s} {'n':>4s} " + " ".join(f"{v:>19s}" for v in variants))
+    for name, pts in point_sets().items():
+        cells = []
+        for s, nrm in variants.values():
+            le = log_errors(pts, s, nrm)
+            cells.append(f"{rms(le):.3f} ({statistics.mean(le):+.3f})")
+        print(f"{name:34s} {len(pts):4d} " + " ".join(f"{x:>19s}" for x in cells))
+    print("\ndepth term read from the K-depth sweeps (e = e_max k / (k + K0), k 512..16384) vs the model's K0:")
+    for name, pts in point_sets().items():
+        if "512..16k" in name:
+            emax, k0 = depth_fit(pts)
+            c, p = pts[0][0], pts[0][1]
+            model = gemm_k0(CAT.accelerator(c).peak(p))
+            print(f"  {name:34s} e_max {emax:.3f}  K0 {k0:6.0f}   model K0 {model:6.0f}")
+    # cross-check of two independent sources: the 16-bit Blackwell best shapes priced with the K0 of their own
+    # chip's TensorRT-LLM sweep (b300 has none: B200's), the catalog figure unchanged
+    sweeps = point_sets()
+    k0_of = {"b200": depth_fit(sweeps["trtllm b200 float16 k 512..16k"])[1],
+             "gb200": depth_fit(sweeps["trtllm gb200 float16 k 512..16k"])[1]}
+    k0_of["b300"] = k0_of["b200"]
+    print("\n16-bit Blackwell best shapes, measured / (figure x shape efficiency) with the sweep's K0 instead of the model's:")
+    for c, p, e, m, n, k in mamf_points():
+        if c in k0_of:
+            acc = CAT.accelerator(c)
+            shape = kernels.gemm_efficiency(m, n, k, acc.compute_units, k0_of[c])
+            print(f"  {c:6s} {m}x{n}x{k}: K0 {k0_of[c]:4.0f} -> {e / (acc.gemm_efficiency[p] * shape):.3f}")
+
+
+if __name__ == "__main__":
+    main()
