@@ -48,6 +48,7 @@ SETTABLE: Mapping[str, str] = {
     "parallelism.cp_comm": "training",
     "parallelism.ep_dispatch": "training",
     "parallelism.moe_host_sync": "training",
+    "parallelism.moe_grouped_gemm": "training",
     "parallelism.order": "training",
     "parallelism.overlap.grad_reduce": "training",
     "parallelism.overlap.param_gather": "training",

@@ -145,7 +145,7 @@ def test_training_prices_the_experts_as_grouped_gemms_of_the_ranks_experts():
     rows = 4096 * m.top_k
     local = m.experts // 8
     up = 2 * m.expert_ffn_hidden
-    expect = sum(rf.grouped_gemm(local, rows / local, n, k, TE_GROUPED_GEMM_STREAMS)[0]
+    expect = sum(rf.grouped_gemm(local, rows / local, n, k, "multi-stream")[0]
                  for n, k in ((up, model.hidden), (model.hidden, m.expert_ffn_hidden)))
     router = rf.gemm(4096, m.experts, model.hidden)[0]
     assert _moe_gemm_s(model, 8, rf) == pytest.approx(expect + router, rel=1e-9)

@@ -122,7 +122,8 @@ def test_validation_files_resolve_the_settings_they_had_before_naming_stacks():
     fp8 recipe) torchtitan's current scaling and the Megatron-Bridge rows' own recipes (FP8-CS, FP8-MX, and
     mb2509-h100-01's blockwise from its notes); and (2026-12-02, dropout) Megatron-LM's argument defaults of 0.1
     hidden and attention dropout on the rows of its stacks, NEMO2407-01..04's GPT-3 launcher configs and the 2021
-    ZeRO-3 rows' Megatron-LM v1.1.5."""
+    ZeRO-3 rows' Megatron-LM v1.1.5; and (2026-12-02, grouped-GEMM kernels) AWS-TT-02's torch._grouped_mm from
+    torchtitan-0.1 (a dense model: no prediction moves)."""
     golden = json.loads(GOLDEN.read_text())
     files = sorted(TRAINING.glob("*.yaml"))
     assert sorted(f.name for f in files) == sorted(golden)

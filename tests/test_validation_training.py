@@ -170,9 +170,11 @@ def test_the_out_of_sample_runs_stay_outside_the_set_and_still_run():
 #: session), with the dropless MoE host wait of the NeMo 2.x / Megatron-Bridge stacks: median 4.72 -> 4.52 %,
 #: worst 16.13 -> 15.85 % (mb2511-gb200-04). 2026-12-02 (third session), NCCL's send/recv protocol latencies and
 #: DeepEP's measured NVLink/RDMA rates (fmsim.hardware.dispatch): median 4.52 -> 4.72 %, worst 15.85 -> 15.72 %;
-#: the bounds keep their margin.
+#: the bounds keep their margin. 2026-12-02 (third session), the grouped-GEMM kernel classes' measured rates
+#: (kernels.GROUPED_KERNELS: Transformer Engine's multi-stream 0.96, TE PR #2045): median 4.72 -> 4.38 %, worst
+#: 15.72 -> 14.25 % (mb2511-gb200-04); the worst bound tightened to that plus a margin.
 GUARD_MOE_MEDIAN_PCT = 5.0
-GUARD_MOE_WORST_PCT = 17.0
+GUARD_MOE_WORST_PCT = 15.5
 
 
 def test_training_moe_rows_meet_the_moe_target_and_hold_todays_level():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -224,3 +225,59 @@ def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_
     counter = _binomial_tile_counter(t, p)
     e = _tile_round_efficiency(mean, n, k, local_experts, compute_units, k0, False, m_tiles=counter)
     return min(dense, e, 1.0) if e > 0 else dense
+
+
+class GroupedKernel(NamedTuple):
+    """One grouped-GEMM implementation a stack runs its experts with: how many expert GEMMs share the SMs at
+    once (``concurrent``, as :func:`grouped_gemm_efficiency` takes it) and the share of the shared
+    tile/wave/depth model's rate its authors' own micro-benchmark reaches (``rate``), with the table it was
+    read from (rows in hardware_catalog/measurements/grouped_gemm_kernels.csv; tests/test_grouped_kernels.py
+    re-derives each ``rate``)."""
+
+    concurrent: int | None
+    rate: float
+    source: str
+
+
+#: The grouped-GEMM kernel classes (``parallelism.moe_grouped_gemm``). Each ``rate`` is the median over its
+#: table of measured TFLOP/s over the model's (:func:`grouped_kernel_efficiency` with the catalog's H100/H200
+#: figures: 16-bit large-GEMM 0.80, 132 SMs, K0 at the 16-bit rate, 4.2 us per kernel on the critical path).
+GROUPED_KERNELS: dict[str, GroupedKernel] = {
+    # Transformer Engine GroupedLinear: one cuBLAS GEMM per expert round-robin over 4 streams.
+    "multi-stream": GroupedKernel(TE_GROUPED_GEMM_STREAMS, 0.96, (
+        "NVIDIA/TransformerEngine PR #2045 (merged, 2.8.0), the TE 2.7 + CUDA 12.9 rerun of general_grouped_gemm "
+        "on H100 BF16: (8, 4096, 768, 2048) 627.9 and (16, 2048, 768, 2048) 553.9 TFLOP/s, measured / model "
+        "1.00 and 0.93, median 0.96")),
+    # One grouped kernel for every expert at the model's own rate: DeepGEMM, which the model reproduces.
+    "fused": GroupedKernel(None, 1.0, (
+        "deepseek-ai/DeepGEMM README @7a70b439 grouped tables on H800 (hardware_catalog/measurements/"
+        "h800_deepgemm_grouped.csv): the model reproduces them with no figure of its own (contiguous rms log "
+        "error 0.04, tests/test_moe_grouped_gemm.py)")),
+    # CUTLASS SM90 grouped GEMM (TE's NVTE_USE_CUTLASS_GROUPED_GEMM=1 on Hopper 16-bit).
+    "cutlass-grouped": GroupedKernel(None, 1.0, (
+        "NVIDIA/TransformerEngine PR #2045, the TE 2.7 rerun's CUTLASS column on H100 BF16: (8, 4096, 768, 2048) "
+        "650.6 and (16, 2048, 768, 2048) 636.9 TFLOP/s, measured / model 1.01 and 0.99, median 1.00")),
+    # PyTorch's torch._grouped_mm (CUTLASS), torchtitan's MoE experts.
+    "torch-grouped-mm": GroupedKernel(None, 0.92, (
+        "tile-ai/TileOPs PR #1567 framework sweep on H200 BF16 (kernel-only CUPTI timing): torch._grouped_mm "
+        "over DeepGEMM's bf16 grouped GEMM at 256 experts of 4096 x 6144, 1024-8192 rows each: 603/658, "
+        "624/670, 617/666, 597/657 = 0.92, 0.93, 0.93, 0.91, median 0.92 (DeepGEMM-grade = the 'fused' class)")),
+}
+
+
+def grouped_kernel(kernel: str) -> GroupedKernel:
+    """The :data:`GROUPED_KERNELS` entry of ``kernel``; ValueError naming the classes otherwise."""
+    try:
+        return GROUPED_KERNELS[kernel]
+    except KeyError:
+        raise ValueError(f"unknown grouped-GEMM kernel {kernel!r} (one of {', '.join(GROUPED_KERNELS)})") from None
+
+
+def grouped_kernel_efficiency(kernel: str, groups: int, m: float, n: float, k: float, compute_units: int,
+                              k0: float) -> float:
+    """Share of the large-GEMM rate ``groups`` expert GEMMs of (m×k)·(k×n) reach under the grouped-GEMM
+    ``kernel`` class: the shared tile/wave/depth model (:func:`grouped_gemm_efficiency` with the class's
+    concurrency) times the class's measured ``rate``. Never above the dense GEMM of the same rows."""
+    g = grouped_kernel(kernel)
+    dense = gemm_efficiency(max(1, groups) * m, n, k, compute_units, k0)
+    return min(dense, g.rate * grouped_gemm_efficiency(groups, m, n, k, compute_units, k0, concurrent=g.concurrent))

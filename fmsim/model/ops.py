@@ -29,13 +29,13 @@ from .fusion import add_extra, add_norm_part, attach_host
 from .kernels import (
     BYTES_PER_ELEMENT,
     KERNEL_FIXED_S,
-    TE_GROUPED_GEMM_STREAMS,
     attention_length_efficiency,
     gemm_efficiency,
     gemm_k0,
     gemm_k_efficiency,
-    grouped_gemm_efficiency,
     grouped_gemm_launches,
+    grouped_kernel,
+    grouped_kernel_efficiency,
 )
 
 #: Flash-attention backward executes 5 matmuls against forward's 2 (Dao 2023, FlashAttention-2 §3.1).
@@ -74,7 +74,8 @@ class Shard:
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
     #: how the local experts' GEMMs run: multi-stream (Transformer Engine's GroupedLinear, one cuBLAS GEMM
-    #: per expert on 4 streams: Megatron-Core's TEGroupedMLP) | fused (one grouped kernel for all experts)
+    #: per expert on 4 streams: Megatron-Core's TEGroupedMLP) | fused (one grouped kernel for all experts,
+    #: DeepGEMM-grade) | cutlass-grouped | torch-grouped-mm (kernels.GROUPED_KERNELS)
     moe_grouped_gemm: str = "multi-stream"
     moe_host_sync: str = "none"      # none | per-layer: each MoE forward waits for its token counts (fusion.attach_sync)
     lora_rank: int = 0               # LoRA adapters of this rank beside the frozen linear layers (0: none)
@@ -281,16 +282,15 @@ class Roofline:
         return max(compute, traffic / self.hbm_bytes_per_s), flops
 
     def grouped_gemm(self, groups: int, m: float, n: float, k: float,
-                     concurrent: int | None = None) -> tuple[float, float]:
-        """(seconds, FLOPs) of ``groups`` (m×k)·(k×n) expert GEMMs: their FLOPs at the grouped
-        efficiency (:func:`kernels.grouped_gemm_efficiency`) against every expert's weights and rows
-        through HBM."""
+                     kernel: str = "fused") -> tuple[float, float]:
+        """(seconds, FLOPs) of ``groups`` (m×k)·(k×n) expert GEMMs run by the grouped-GEMM ``kernel`` class:
+        their FLOPs at its efficiency (:func:`kernels.grouped_kernel_efficiency`) against every expert's
+        weights and rows through HBM."""
         if groups <= 1:
             return self.gemm(m, n, k)
         flops = 2.0 * groups * m * n * k
         traffic = groups * ((m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes)
-        eff = grouped_gemm_efficiency(groups, m, n, k, self.compute_units, self.gemm_k0,
-                                      concurrent=concurrent)
+        eff = grouped_kernel_efficiency(kernel, groups, m, n, k, self.compute_units, self.gemm_k0)
         return max(flops / (self.gemm_flop_per_s * eff), traffic / self.hbm_bytes_per_s), flops
 
     def memory(self, elements: float) -> float:
@@ -394,12 +394,12 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float, *, fed_by:
 
 
 def _grouped_gemm(cost: PassCost, rf: Roofline, groups: int, m: float, n: float, k: float,
-                  concurrent: int | None) -> None:
+                  kernel: str) -> None:
     """The local experts' GEMM of an MoE layer (``groups`` experts, ``m`` rows each) and, in low
     precision, the cast of their input: Transformer Engine quantizes each expert's split separately
     (``tex.split_quantize`` in GroupedLinear), one kernel per expert like the GEMMs."""
-    t, f = rf.grouped_gemm(groups, m, n, k, concurrent)
-    launches = grouped_gemm_launches(groups, concurrent)
+    t, f = rf.grouped_gemm(groups, m, n, k, kernel)
+    launches = grouped_gemm_launches(groups, grouped_kernel(kernel).concurrent)
     cost.gemm_s += t
     cost.flops += f
     cost.kernels += launches
@@ -789,9 +789,9 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     # the rank's experts (E / EP of them) each take their share of the rows, as separate GEMMs
     # (kernels.grouped_gemm_efficiency): few tokens per expert leave tiles part empty
     local = max(1, m.experts // max(1, sh.ep))
-    concurrent = TE_GROUPED_GEMM_STREAMS if sh.moe_grouped_gemm == "multi-stream" else None
-    _grouped_gemm(c, rf, local, rows / local, up / etp, h, concurrent)
-    _grouped_gemm(c, rf, local, rows / local, h, m.expert_ffn_hidden / etp, concurrent)
+    # (kernels.GROUPED_KERNELS: the stack's grouped-GEMM kernel class, its concurrency and measured rate)
+    _grouped_gemm(c, rf, local, rows / local, up / etp, h, sh.moe_grouped_gemm)
+    _grouped_gemm(c, rf, local, rows / local, h, m.expert_ffn_hidden / etp, sh.moe_grouped_gemm)
     c.flops = flops + (c.flops - flops) / sh.moe_load
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts

@@ -33,8 +33,10 @@ CP_COMMS = ("ring", "all-gather", "a2a")
 EP_DISPATCHES = ("alltoall", "deepep")
 #: how a rank's expert GEMMs run (fmsim.model.kernels.grouped_gemm_efficiency): multi-stream, Transformer
 #: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
-#: fused, one grouped kernel for every expert (DeepGEMM, CUTLASS grouped GEMM)
-MOE_GROUPED_GEMMS = ("multi-stream", "fused")
+#: fused, one grouped kernel for every expert at the DeepGEMM-grade rate the model reproduces; cutlass-grouped
+#: (CUTLASS SM90 grouped GEMM: TE's NVTE_USE_CUTLASS_GROUPED_GEMM) and torch-grouped-mm (torch._grouped_mm:
+#: torchtitan), each at the rate its micro-benchmark table gives (fmsim.model.kernels.GROUPED_KERNELS)
+MOE_GROUPED_GEMMS = ("multi-stream", "fused", "cutlass-grouped", "torch-grouped-mm")
 #: whether a dropless MoE layer's forward waits on the host for its token counts (fmsim.model.fusion
 #: attach_sync): per-layer (Megatron-Core's dropless dispatchers: the counts are copied to the host for the
 #: all-to-all's split sizes and the grouped GEMM's, once per MoE layer forward) or none (capacity padding,
