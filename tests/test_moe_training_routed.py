@@ -149,15 +149,26 @@ def test_the_efficiency_rises_with_tokens_per_expert_but_saw_tooths_at_wave_edge
 
 
 def test_at_training_rows_per_expert_the_draw_costs_next_to_nothing():
-    """Thousands of rows per expert (the validation rows: 2,048-8,192): routing's spread (+-sqrt(rows)) adds about
-    half a tile per expert, which the last wave's idle SMs absorb -- the measured MoE training rows do not move.
-    Measured 2026-12-02: within 2.1 % of the mean-rows efficiency at 2,048-16,384 rows, both kernels."""
+    """Thousands of rows per expert (the validation rows: 1,024-8,192): routing's spread (+-sqrt(rows)) adds about
+    half a tile per expert, which the last wave's idle SMs mostly absorb (where it spills into one more wave it
+    costs that wave: GPT-OSS-120B at EP8, exactly 1,024 rows per expert, 11 -> 12 waves in its up-projection).
+    Measured 2026-12-02: within 2.1 % of the mean-rows efficiency at 2,048-16,384 rows here, both kernels; the nine
+    MoE training validation rows moved by 0-1.1 points."""
     for tokens in (32768, 65536, 131072, 262144):
         for c in (None, TE_GROUPED_GEMM_STREAMS):
             for n, k in ((1536, 2048), (2048, 768)):
                 r = routed_grouped_gemm_efficiency(tokens, 8, 128, 16, n, k, 132, 640, concurrent=c)
                 g = grouped_gemm_efficiency(16, tokens / 16, n, k, 132, 640, concurrent=c)
                 assert r == pytest.approx(g, rel=0.025)
+
+
+def test_a_mean_on_a_tile_edge_costs_the_wave_half_the_experts_spill_into():
+    # GPT-OSS-120B (128 experts top-4, 2880 wide) at EP8 on H100 BF16: 4,096 tokens a rank, 1,024 rows per expert
+    h100 = CAT.accelerator("h100-sxm")
+    k0 = gemm_k0(h100.peak("bf16"))
+    routed = routed_grouped_gemm_efficiency(32768, 4, 128, 16, 5760, 2880, h100.compute_units, k0, concurrent=4)
+    mean = grouped_gemm_efficiency(16, 1024, 5760, 2880, h100.compute_units, k0, concurrent=4)
+    assert routed / mean == pytest.approx(11 / 12, rel=1e-9)   # 4 x 8.5 x 45 = 1530 tiles: 12 waves of 132, not 11
 
 
 def test_the_serving_defaults_are_unchanged_by_the_training_keywords():
