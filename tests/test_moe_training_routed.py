@@ -138,11 +138,12 @@ def test_more_tokens_never_take_less_expert_time_and_never_beat_the_dense_gemm(t
 
 
 def test_the_efficiency_rises_with_tokens_per_expert_but_saw_tooths_at_wave_edges():
-    """The efficiency is not monotone in tokens (a dense GEMM's is not either): one more wave of tiles, mostly
-    empty, drops it -- 1,984 -> 2,048 tokens over 16 experts on Transformer Engine's four streams falls from 0.43 to
-    0.28 (measured 2026-12-02). What holds is the time (above) and the rise from a few tokens per expert to many."""
+    """The efficiency is not monotone in tokens (a dense GEMM's is not either): more rounds spilling into one more
+    wave of tiles, mostly empty, drop it -- 4,096 -> 4,544 tokens over 16 experts on Transformer Engine's four
+    streams falls from 0.525 to 0.335, step by step as the draw spreads the edge (measured 2026-12-02). What holds
+    is the time (above) and the rise from a few tokens per expert to many."""
     eff = lambda t: routed_grouped_gemm_efficiency(t, 8, 128, 16, 1536, 2048, 132, 640, concurrent=4)
-    assert eff(2048) < 0.7 * eff(1984)
+    assert eff(4544) < 0.7 * eff(4096)
     few = [eff(t) for t in (16, 64, 256)]
     many = [eff(t) for t in (32768, 65536, 262144)]
     assert max(few) < min(many) and few == sorted(few)
@@ -152,14 +153,14 @@ def test_at_training_rows_per_expert_the_draw_costs_next_to_nothing():
     """Thousands of rows per expert (the validation rows: 1,024-8,192): routing's spread (+-sqrt(rows)) adds about
     half a tile per expert, which the last wave's idle SMs mostly absorb (where it spills into one more wave it
     costs that wave: GPT-OSS-120B at EP8, exactly 1,024 rows per expert, 11 -> 12 waves in its up-projection).
-    Measured 2026-12-02: within 2.1 % of the mean-rows efficiency at 2,048-16,384 rows here, both kernels; the nine
-    MoE training validation rows moved by 0-1.1 points."""
+    Measured 2026-12-02: within 2.1 % of the mean-rows efficiency at 2,048-16,384 rows here in one fused kernel,
+    within 4.8 % on Transformer Engine's four streams (a round of four draws spills a wave more often)."""
     for tokens in (32768, 65536, 131072, 262144):
         for c in (None, TE_GROUPED_GEMM_STREAMS):
             for n, k in ((1536, 2048), (2048, 768)):
                 r = routed_grouped_gemm_efficiency(tokens, 8, 128, 16, n, k, 132, 640, concurrent=c)
                 g = grouped_gemm_efficiency(16, tokens / 16, n, k, 132, 640, concurrent=c)
-                assert r == pytest.approx(g, rel=0.025)
+                assert r == pytest.approx(g, rel=0.025 if c is None else 0.05)
 
 
 def test_a_mean_on_a_tile_edge_costs_the_wave_half_the_experts_spill_into():
@@ -168,7 +169,13 @@ def test_a_mean_on_a_tile_edge_costs_the_wave_half_the_experts_spill_into():
     k0 = gemm_k0(h100.peak("bf16"))
     routed = routed_grouped_gemm_efficiency(32768, 4, 128, 16, 5760, 2880, h100.compute_units, k0, concurrent=4)
     mean = grouped_gemm_efficiency(16, 1024, 5760, 2880, h100.compute_units, k0, concurrent=4)
-    assert routed / mean == pytest.approx(11 / 12, rel=1e-9)   # 4 x 8.5 x 45 = 1530 tiles: 12 waves of 132, not 11
+    # a round of four experts, 8 row tiles of 128 each at the mean (4 x 8 x 45 = 1,440 tiles: 11 waves of 132); each
+    # expert spills into a 9th with P(X > 1024), and the round takes 12 waves with one to three spilling, 13 with four
+    from scipy.stats import binom
+
+    q = binom.cdf(1024, 32768, 1 / 32)
+    waves = 11 * q ** 4 + 13 * (1 - q) ** 4 + 12 * (1 - q ** 4 - (1 - q) ** 4)
+    assert routed / mean == pytest.approx(11 / waves, rel=2e-3)
 
 
 def test_the_serving_defaults_are_unchanged_by_the_training_keywords():

@@ -171,7 +171,7 @@ def test_the_out_of_sample_runs_stay_outside_the_set_and_still_run():
 #: worst 16.13 -> 15.85 % (mb2511-gb200-04). 2026-12-02 (third session), NCCL's send/recv protocol latencies and
 #: DeepEP's measured NVLink/RDMA rates (fmsim.hardware.dispatch): median 4.52 -> 4.72 %, worst 15.85 -> 15.72 %;
 #: the bounds keep their margin. 2026-12-02 (third session), each expert's rows as routing draws them
-#: (kernels.routed_grouped_gemm_efficiency, shared with serving): median 4.72 -> 4.17 %, worst 15.72 -> 15.58 %
+#: (kernels.routed_grouped_gemm_efficiency, shared with serving): median 4.72 -> 4.25 %, worst 15.72 -> 15.52 %
 #: (mb2511-gb200-04); the median bound tightened to that plus a margin.
 GUARD_MOE_MEDIAN_PCT = 4.5
 GUARD_MOE_WORST_PCT = 17.0

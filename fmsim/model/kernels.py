@@ -205,7 +205,47 @@ def _binomial_tile_counter(tokens: int, p: float, capacity: float = 0.0) -> Call
         return cache[tm]
 
     tiles.rows = float(np.dot(pmf, x))  # type: ignore[attr-defined]
+    tiles.draw = (x, pmf)  # type: ignore[attr-defined]
     return tiles
+
+
+def _drawn_rounds_efficiency(groups: int, mean: float, n: float, k: float, compute_units: int, k0: float,
+                             concurrent: int, draw: tuple[np.ndarray, np.ndarray]) -> float:
+    """:func:`_rounds_efficiency` for GEMMs on parallel streams whose rows are drawn: a round of ``c`` GEMMs (each
+    its own cuBLAS call, which sees its rows and picks its tile and split) takes the waves of the tiles its GEMMs
+    actually have, so the expectation is taken over the round's whole tile count -- the sum of ``c`` independent
+    experts' ``ceil(X / tile)`` -- not the waves of the expected count, which a sum of four draws is too spread
+    for. ``draw``: the rows ``x`` one expert may receive and their probabilities. Time per outcome in tile-depth
+    units, as :func:`_tile_round_efficiency` prices a wave (``tile * (k + k0)``) or a split (``tile * (k / s +
+    k0)``, one wave of the split tiles); the efficiency is the expected useful work over the expected time."""
+    x, pmf = draw
+    c = max(1, min(int(concurrent), groups))
+    full, rest = divmod(groups, c)
+
+    def round_time(gemms: int) -> float:
+        best_t = math.inf
+        for tm, tn in GEMM_TILES:
+            nt = math.ceil(n / tn)
+            per = np.bincount(np.ceil(x / tm).astype(np.int64), weights=pmf)   # one expert's row-tile pmf
+            total = np.ones(1)
+            for _ in range(gemms):
+                total = np.convolve(total, per)
+            s = np.arange(total.size) * nt                                        # the round's tiles
+            t = np.zeros(total.size)
+            for i in np.nonzero(total > 1e-15)[0]:
+                tiles = int(s[i])
+                if tiles == 0:
+                    continue
+                if tiles >= compute_units:
+                    t[i] = math.ceil(tiles / compute_units) * (k + k0)
+                else:
+                    t[i] = min(k / split + k0 for split in range(1, compute_units // tiles + 1))
+            best_t = min(best_t, float(np.dot(total, t)) * tm * tn)
+        return best_t
+
+    time = full * round_time(c) + (round_time(rest) if rest else 0.0)
+    work = groups * mean * n * k / compute_units
+    return work / time if time > 0 else 0.0
 
 
 @functools.lru_cache(maxsize=4096)
@@ -232,8 +272,11 @@ def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_
     The serving engines call it with the defaults (one fused kernel, balanced load, dropless). A training step
     (fmsim.model.ops.moe_mlp_forward) passes how its stack runs the experts: ``concurrent`` as in
     :func:`grouped_gemm_efficiency` (Transformer Engine's per-expert cuBLAS GEMMs on
-    :data:`TE_GROUPED_GEMM_STREAMS` streams, each able to split K); ``load`` the busiest expert-parallel rank's rows
-    over the balanced share, which scales each of its experts' draw (``Binomial(tokens, load * top_k / experts)``:
+    :data:`TE_GROUPED_GEMM_STREAMS` streams, each able to split K: each round's waves taken in expectation over the
+    tiles its four draws actually have, :func:`_drawn_rounds_efficiency`; one fused kernel keeps the waves of the
+    expected tiles, as serving prices it, the sum over many experts being concentrated); ``load`` the busiest
+    expert-parallel rank's rows over the balanced share, which scales each of its experts' draw
+    (``Binomial(tokens, load * top_k / experts)``:
     the stated rank load carries the skew between ranks, the draw only the spread of each expert's rows around it
     -- the one figure is not applied twice); ``capacity`` an expert's capacity in rows (Megatron-Core
     ``--moe-expert-capacity-factor`` times the mean share): each expert keeps ``min(X, capacity)`` (the cap is
@@ -261,5 +304,6 @@ def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_
     if concurrent is None:
         e = _tile_round_efficiency(mean, n, k, local_experts, compute_units, k0, False, m_tiles=counter)
     else:
-        e = _rounds_efficiency(local_experts, mean, n, k, compute_units, k0, concurrent, m_tiles=counter)
+        e = _drawn_rounds_efficiency(local_experts, mean, n, k, compute_units, k0, concurrent,
+                                     counter.draw)  # type: ignore[attr-defined]
     return min(dense, e, 1.0) if e > 0 else dense
