@@ -226,11 +226,13 @@ def _drawn_rounds_efficiency(groups: int, mean: float, n: float, k: float, compu
         best_t = math.inf
         for tm, tn in GEMM_TILES:
             nt = math.ceil(n / tn)
-            per = np.bincount(np.ceil(x / tm).astype(np.int64), weights=pmf)   # one expert's row-tile pmf
+            tiles_of = np.ceil(x / tm).astype(np.int64)
+            low = int(tiles_of.min())
+            per = np.bincount(tiles_of - low, weights=pmf)          # one expert's row-tile pmf, from ``low`` up
             total = np.ones(1)
             for _ in range(gemms):
                 total = np.convolve(total, per)
-            s = np.arange(total.size) * nt                                        # the round's tiles
+            s = (np.arange(total.size) + gemms * low) * nt                        # the round's tiles
             t = np.zeros(total.size)
             for i in np.nonzero(total > 1e-15)[0]:
                 tiles = int(s[i])
