@@ -145,7 +145,11 @@ def test_training_prices_the_experts_as_grouped_gemms_of_the_ranks_experts():
     rows = 4096 * m.top_k
     local = m.experts // 8
     up = 2 * m.expert_ffn_hidden
-    expect = sum(rf.grouped_gemm(local, rows / local, n, k, "multi-stream")[0]
+    # each expert's rows as forced-balance routing draws them over the EP group's 8 x 4096 tokens, the function
+    # serving prices its experts with (tests/test_moe_training_routed.py), under the multi-stream kernel class
+    draw = {"tokens": 8 * 4096, "top_k": m.top_k, "experts": m.experts, "load": 1.0, "capacity": 0.0,
+            "pad": False, "spread": True}
+    expect = sum(rf.grouped_gemm(local, rows / local, n, k, "multi-stream", draw)[0]
                  for n, k in ((up, model.hidden), (model.hidden, m.expert_ffn_hidden)))
     router = rf.gemm(4096, m.experts, model.hidden)[0]
     assert _moe_gemm_s(model, 8, rf) == pytest.approx(expect + router, rel=1e-9)

@@ -40,8 +40,13 @@ def test_the_expert_gemms_scale_with_the_load_and_the_useful_flops_do_not():
     m, h = model.moe, model.hidden
     rows = 4096 / 2 * m.top_k                                  # tokens_in = T * etp / tp, top-k pairs each
     up = m.expert_ffn_hidden * 2                                # SwiGLU
-    experts = lambda r: rf.gemm(r, up, h)[0] + rf.gemm(r, h, m.expert_ffn_hidden)[0]
-    assert heavy.gemm_s - even.gemm_s == pytest.approx(experts(1.5 * rows) - experts(rows), rel=1e-9)
+    # one expert per rank (8 over EP8), its rows as routing draws them over the EP group's 8 x 2048 tokens, the
+    # busiest rank's draw scaled by its load (tests/test_moe_training_routed.py)
+    draw = lambda load: {"tokens": 8 * 2048, "top_k": m.top_k, "experts": m.experts, "load": load, "capacity": 0.0,
+                         "pad": False, "spread": True}
+    experts = lambda r, load: sum(rf.grouped_gemm(1, r, n, k, "multi-stream", draw(load))[0]
+                                  for n, k in ((up, h), (h, m.expert_ffn_hidden)))
+    assert heavy.gemm_s - even.gemm_s == pytest.approx(experts(1.5 * rows, 1.5) - experts(rows, 1.0), rel=1e-9)
     assert heavy.gemm_s > even.gemm_s
     assert heavy.flops == pytest.approx(even.flops, rel=1e-12)
     assert [r.size_bytes for r in heavy.comms] == [r.size_bytes for r in even.comms]   # own tokens' pairs

@@ -22,9 +22,11 @@ from fmsim.validate import validate_scenarios
 ROOT = Path(__file__).resolve().parent.parent
 CASES = sorted((ROOT / "scenarios" / "validation" / "rl").glob("rl-*.yaml"))
 #: today's level (2026-12-02, with vLLM 0.11's per-entry-point limits: step 34.4 % / 62.0 %, tokens/s/GPU
-#: 58.7 % / 169.2 %; unchanged by the third session, which found nothing sourced to add) plus a small margin
-STEP_MEDIAN_BOUND, STEP_WORST_BOUND = 37.0, 65.0
-TOKENS_MEDIAN_BOUND, TOKENS_WORST_BOUND = 62.0, 172.0
+#: 58.7 % / 169.2 %; unchanged by the third session, which found nothing sourced to add) plus a small margin.
+#: The MoE policy updates' expert rows as routing draws them (kernels.routed_grouped_gemm_efficiency, 2026-12-02):
+#: step worst 61.9 -> 61.6 % (rl-022), tokens/s/GPU worst 168.8 -> 166.4 % (rl-022), medians unchanged.
+STEP_MEDIAN_BOUND, STEP_WORST_BOUND = 37.0, 64.5
+TOKENS_MEDIAN_BOUND, TOKENS_WORST_BOUND = 62.0, 169.0
 #: "G-Average Seq len" of each summary row: the mean generated length of a sample, as cut by max_model_len
 G_AVG = {"rl-010": 1060, "rl-014": 745, "rl-016": 744, "rl-019": 5671, "rl-020": 5691, "rl-022": 3154,
          "rl-024": 3158, "rl-028": 3207}

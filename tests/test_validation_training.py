@@ -172,8 +172,10 @@ def test_the_out_of_sample_runs_stay_outside_the_set_and_still_run():
 #: DeepEP's measured NVLink/RDMA rates (fmsim.hardware.dispatch): median 4.52 -> 4.72 %, worst 15.85 -> 15.72 %;
 #: the bounds keep their margin. 2026-12-02 (third session), the grouped-GEMM kernel classes' measured rates
 #: (kernels.GROUPED_KERNELS: Transformer Engine's multi-stream 0.96, TE PR #2045): median 4.72 -> 4.38 %, worst
-#: 15.72 -> 14.25 % (mb2511-gb200-04); the worst bound tightened to that plus a margin.
-GUARD_MOE_MEDIAN_PCT = 5.0
+#: 15.72 -> 14.25 % (mb2511-gb200-04); and each expert's rows as routing draws them (kernels.routed_grouped_gemm_efficiency,
+#: shared with serving): with both (one local expert priced as one GEMM, no class rate), median 4.09 %, worst
+#: 14.05 % (mb2511-gb200-04); the bounds tightened to that plus a margin.
+GUARD_MOE_MEDIAN_PCT = 4.5
 GUARD_MOE_WORST_PCT = 15.5
 
 

@@ -8,6 +8,7 @@ the same kernel the same way.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -126,7 +127,8 @@ def _tile_round_efficiency(m: float, n: float, k: float, gemms: int, compute_uni
             waves = math.ceil(tiles / compute_units)
             best = max(best, used * tiles / (waves * compute_units) * gemm_k_efficiency(k, k0))
         else:
-            for split in range(1, compute_units // tiles + 1):
+            # expected tiles may be fractional (m_tiles); never more splits than SMs
+            for split in range(1, min(compute_units, int(compute_units // tiles)) + 1):
                 best = max(best, used * split * tiles / compute_units * gemm_k_efficiency(k / split, k0))
     return best
 
@@ -154,14 +156,21 @@ def grouped_gemm_efficiency(groups: int, m: float, n: float, k: float, compute_u
     dense = gemm_efficiency(groups * m, n, k, compute_units, k0)
     if compute_units <= 0 or groups <= 1 or m <= 0:
         return dense if groups > 1 or m <= 0 else gemm_efficiency(m, n, k, compute_units, k0)
+    return min(dense, _rounds_efficiency(groups, m, n, k, compute_units, k0, concurrent), 1.0)
+
+
+def _rounds_efficiency(groups: int, m: float, n: float, k: float, compute_units: int, k0: float,
+                       concurrent: int | None, m_tiles: Callable[[int], float] | None = None) -> float:
+    """``groups`` GEMMs in rounds of ``concurrent`` (``None``: all in one fused kernel, no split-K), the
+    efficiency time-weighted over the rounds; ``m_tiles`` as in :func:`_tile_round_efficiency`."""
     c = groups if concurrent is None else max(1, min(int(concurrent), groups))
     split_k = concurrent is not None
     full, rest = divmod(groups, c)
     # time-weighted over the rounds: each round of c GEMMs, the last of the remainder
-    inv = full * c / _tile_round_efficiency(m, n, k, c, compute_units, k0, split_k)
+    inv = full * c / _tile_round_efficiency(m, n, k, c, compute_units, k0, split_k, m_tiles)
     if rest:
-        inv += rest / _tile_round_efficiency(m, n, k, rest, compute_units, k0, split_k)
-    return min(dense, groups / inv, 1.0)
+        inv += rest / _tile_round_efficiency(m, n, k, rest, compute_units, k0, split_k, m_tiles)
+    return groups / inv
 
 
 def grouped_gemm_launches(groups: int, concurrent: int | None = None) -> int:
@@ -172,9 +181,11 @@ def grouped_gemm_launches(groups: int, concurrent: int | None = None) -> int:
     return math.ceil(groups / max(1, int(concurrent)))
 
 
-def _binomial_tile_counter(tokens: int, p: float) -> Callable[[int], float]:
+def _binomial_tile_counter(tokens: int, p: float, capacity: float = 0.0) -> Callable[[int], float]:
     """``tm -> E[ceil(X / tm)]`` for ``X ~ Binomial(tokens, p)``: the row tiles one expert's GEMM expects when
-    each of ``tokens`` tokens picks it with probability ``p`` (an expert with no rows launches no tile)."""
+    each of ``tokens`` tokens picks it with probability ``p`` (an expert with no rows launches no tile).
+    ``capacity`` > 0: an expert keeps at most that many rows and drops the rest, ``min(X, capacity)``; the
+    counter's ``rows`` attribute is the expected rows kept."""
     mean = tokens * p
     sd = math.sqrt(max(mean * (1.0 - p), 0.0))
     lo = max(0, int(mean - 12.0 * sd) - 1)
@@ -189,6 +200,8 @@ def _binomial_tile_counter(tokens: int, p: float) -> Callable[[int], float]:
     else:
         pmf = (x == round(mean)).astype(float)
     pmf = pmf / pmf.sum()
+    if capacity > 0:
+        x = np.minimum(x, math.floor(capacity))
     cache: dict[int, float] = {}
 
     def tiles(tm: int) -> float:
@@ -196,11 +209,57 @@ def _binomial_tile_counter(tokens: int, p: float) -> Callable[[int], float]:
             cache[tm] = float(np.dot(pmf, np.ceil(x / tm)))
         return cache[tm]
 
+    tiles.rows = float(np.dot(pmf, x))  # type: ignore[attr-defined]
+    tiles.draw = (x, pmf)  # type: ignore[attr-defined]
     return tiles
 
 
+def _drawn_rounds_efficiency(groups: int, mean: float, n: float, k: float, compute_units: int, k0: float,
+                             concurrent: int, draw: tuple[np.ndarray, np.ndarray]) -> float:
+    """:func:`_rounds_efficiency` for GEMMs on parallel streams whose rows are drawn: a round of ``c`` GEMMs (each
+    its own cuBLAS call, which sees its rows and picks its tile and split) takes the waves of the tiles its GEMMs
+    actually have, so the expectation is taken over the round's whole tile count -- the sum of ``c`` independent
+    experts' ``ceil(X / tile)`` -- not the waves of the expected count, which a sum of four draws is too spread
+    for. ``draw``: the rows ``x`` one expert may receive and their probabilities. Time per outcome in tile-depth
+    units, as :func:`_tile_round_efficiency` prices a wave (``tile * (k + k0)``) or a split (``tile * (k / s +
+    k0)``, one wave of the split tiles); the efficiency is the expected useful work over the expected time."""
+    x, pmf = draw
+    c = max(1, min(int(concurrent), groups))
+    full, rest = divmod(groups, c)
+
+    def round_time(gemms: int) -> float:
+        best_t = math.inf
+        for tm, tn in GEMM_TILES:
+            nt = math.ceil(n / tn)
+            tiles_of = np.ceil(x / tm).astype(np.int64)
+            low = int(tiles_of.min())
+            per = np.bincount(tiles_of - low, weights=pmf)          # one expert's row-tile pmf, from ``low`` up
+            total = np.ones(1)
+            for _ in range(gemms):
+                total = np.convolve(total, per)
+            s = (np.arange(total.size) + gemms * low) * nt                        # the round's tiles
+            t = np.zeros(total.size)
+            for i in np.nonzero(total > 1e-15)[0]:
+                tiles = int(s[i])
+                if tiles == 0:
+                    continue
+                if tiles >= compute_units:
+                    t[i] = math.ceil(tiles / compute_units) * (k + k0)
+                else:
+                    t[i] = min(k / split + k0 for split in range(1, compute_units // tiles + 1))
+            best_t = min(best_t, float(np.dot(total, t)) * tm * tn)
+        return best_t
+
+    time = full * round_time(c) + (round_time(rest) if rest else 0.0)
+    work = groups * mean * n * k / compute_units
+    return work / time if time > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=4096)
 def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_experts: int, n: float, k: float,
-                                   compute_units: int, k0: float) -> float:
+                                   compute_units: int, k0: float, *, concurrent: int | None = None,
+                                   load: float = 1.0, capacity: float = 0.0, pad: bool = False,
+                                   spread: bool = True) -> float:
     """Share of the large-GEMM rate one fused grouped GEMM over a GPU's ``local_experts`` reaches when ``tokens``
     tokens are routed top-``top_k`` of ``experts``: :func:`grouped_gemm_efficiency` with each expert's rows as routing
     draws them rather than their mean.
@@ -215,15 +274,45 @@ def routed_grouped_gemm_efficiency(tokens: int, top_k: int, experts: int, local_
     into one more), fewer when it barely spills -- which is where decode runs, experts seeing one or two tiles of
     rows; and an expert that draws no row launches no tile. Measured tables with balanced routing (every expert
     the same rows: aiconfigurator's ``balanced`` distribution, DeepGEMM's README benchmark) are the mean case,
-    :func:`grouped_gemm_efficiency`. Never above the dense GEMM of the same rows."""
+    :func:`grouped_gemm_efficiency`. Never above the dense GEMM of the same rows.
+
+    The serving engines call it with the defaults (one fused kernel, balanced load, dropless). A training step
+    (fmsim.model.ops.moe_mlp_forward) passes how its stack runs the experts: ``concurrent`` as in
+    :func:`grouped_gemm_efficiency` (Transformer Engine's per-expert cuBLAS GEMMs on
+    :data:`TE_GROUPED_GEMM_STREAMS` streams, each able to split K: each round's waves taken in expectation over the
+    tiles its four draws actually have, :func:`_drawn_rounds_efficiency`; one fused kernel keeps the waves of the
+    expected tiles, as serving prices it, the sum over many experts being concentrated); ``load`` the busiest
+    expert-parallel rank's rows over the balanced share, which scales each of its experts' draw
+    (``Binomial(tokens, load * top_k / experts)``:
+    the stated rank load carries the skew between ranks, the draw only the spread of each expert's rows around it
+    -- the one figure is not applied twice); ``capacity`` an expert's capacity in rows (Megatron-Core
+    ``--moe-expert-capacity-factor`` times the mean share): each expert keeps ``min(X, capacity)`` (the cap is
+    on the expert's sum over the source ranks, where Megatron-Core caps each source's share -- sum of minima <=
+    minimum of sums, so at most the rows kept are over-counted); ``pad`` (``--moe-pad-expert-input-to-capacity``):
+    every expert computes exactly ``capacity`` rows, the draw gone; ``spread`` False: every expert gets exactly
+    the mean rows (a deterministic benchmark gate such as NeMo AutoModel's ``FakeBalancedGate``, token t taking
+    experts t*k .. t*k+k-1), which is :func:`grouped_gemm_efficiency` at those rows."""
     t = max(1, int(math.ceil(tokens)))
     p = min(1.0, top_k / experts) if experts > 0 else 1.0
+    if load != 1.0:
+        p = min(1.0, p * load)
     mean = t * p
+    if pad and capacity > 0:
+        return grouped_gemm_efficiency(local_experts, capacity, n, k, compute_units, k0, concurrent=concurrent)
+    if not spread:
+        m = min(mean, capacity) if capacity > 0 else mean
+        return grouped_gemm_efficiency(local_experts, m, n, k, compute_units, k0, concurrent=concurrent)
+    counter = _binomial_tile_counter(t, p, capacity)
+    if capacity > 0:
+        mean = counter.rows  # type: ignore[attr-defined]
     dense = gemm_efficiency(local_experts * mean, n, k, compute_units, k0)
-    if compute_units <= 0:
+    if compute_units <= 0 or mean <= 0:
         return dense
-    counter = _binomial_tile_counter(t, p)
-    e = _tile_round_efficiency(mean, n, k, local_experts, compute_units, k0, False, m_tiles=counter)
+    if concurrent is None:
+        e = _tile_round_efficiency(mean, n, k, local_experts, compute_units, k0, False, m_tiles=counter)
+    else:
+        e = _drawn_rounds_efficiency(local_experts, mean, n, k, compute_units, k0, concurrent,
+                                     counter.draw)  # type: ignore[attr-defined]
     return min(dense, e, 1.0) if e > 0 else dense
 
 
@@ -274,10 +363,20 @@ def grouped_kernel(kernel: str) -> GroupedKernel:
 
 
 def grouped_kernel_efficiency(kernel: str, groups: int, m: float, n: float, k: float, compute_units: int,
-                              k0: float) -> float:
+                              k0: float, draw: dict | None = None) -> float:
     """Share of the large-GEMM rate ``groups`` expert GEMMs of (m×k)·(k×n) reach under the grouped-GEMM
-    ``kernel`` class: the shared tile/wave/depth model (:func:`grouped_gemm_efficiency` with the class's
-    concurrency) times the class's measured ``rate``. Never above the dense GEMM of the same rows."""
+    ``kernel`` class: the shared tile/wave/depth model with the class's concurrency times the class's measured
+    ``rate``. ``draw``: how routing spreads the rows over the experts (the keywords of
+    :func:`routed_grouped_gemm_efficiency`, ``tokens``, ``top_k`` and ``experts`` among them), each expert's rows
+    as routing draws them -- the function serving prices its experts with; ``None``: every expert the mean ``m``
+    rows (:func:`grouped_gemm_efficiency`). Never above the dense GEMM of the same rows."""
     g = grouped_kernel(kernel)
     dense = gemm_efficiency(max(1, groups) * m, n, k, compute_units, k0)
-    return min(dense, g.rate * grouped_gemm_efficiency(groups, m, n, k, compute_units, k0, concurrent=g.concurrent))
+    if draw is None:
+        shape = grouped_gemm_efficiency(groups, m, n, k, compute_units, k0, concurrent=g.concurrent)
+    else:
+        d = dict(draw)
+        shape = routed_grouped_gemm_efficiency(d.pop("tokens"), d.pop("top_k"), d.pop("experts"), groups, n, k,
+                                               compute_units, k0, concurrent=g.concurrent, **d)
+    # one local expert is one cuBLAS GEMM whatever the class (the classes' rates were measured over 8-256 groups)
+    return min(dense, (g.rate if groups > 1 else 1.0) * shape)

@@ -73,6 +73,8 @@ class Shard:
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
+    moe_capacity_factor: float = 0.0  # an expert's capacity over its mean share (0: dropless)
+    moe_pad_to_capacity: bool = False  # every expert computes its whole capacity, padded (drop-and-pad)
     #: how the local experts' GEMMs run: multi-stream (Transformer Engine's GroupedLinear, one cuBLAS GEMM
     #: per expert on 4 streams: Megatron-Core's TEGroupedMLP) | fused (one grouped kernel for all experts,
     #: DeepGEMM-grade) | cutlass-grouped | torch-grouped-mm (kernels.GROUPED_KERNELS)
@@ -282,15 +284,18 @@ class Roofline:
         return max(compute, traffic / self.hbm_bytes_per_s), flops
 
     def grouped_gemm(self, groups: int, m: float, n: float, k: float,
-                     kernel: str = "fused") -> tuple[float, float]:
+                     kernel: str = "fused", draw: dict | None = None) -> tuple[float, float]:
         """(seconds, FLOPs) of ``groups`` (m×k)·(k×n) expert GEMMs run by the grouped-GEMM ``kernel`` class:
         their FLOPs at its efficiency (:func:`kernels.grouped_kernel_efficiency`) against every expert's
-        weights and rows through HBM."""
-        if groups <= 1:
+        weights and rows through HBM. ``draw``: how routing spreads the rows over the experts (the keywords of
+        :func:`kernels.routed_grouped_gemm_efficiency`, ``tokens``, ``top_k`` and ``experts`` among them): each
+        expert's rows as routing draws them, the function serving prices its experts with; ``None``: every
+        expert the mean ``m`` rows."""
+        if groups <= 1 and draw is None:
             return self.gemm(m, n, k)
         flops = 2.0 * groups * m * n * k
         traffic = groups * ((m * k + k * n) * self.gemm_in_bytes + m * n * self.act_bytes)
-        eff = grouped_kernel_efficiency(kernel, groups, m, n, k, self.compute_units, self.gemm_k0)
+        eff = grouped_kernel_efficiency(kernel, groups, m, n, k, self.compute_units, self.gemm_k0, draw)
         return max(flops / (self.gemm_flop_per_s * eff), traffic / self.hbm_bytes_per_s), flops
 
     def memory(self, elements: float) -> float:
@@ -394,11 +399,11 @@ def _gemm(cost: PassCost, rf: Roofline, m: float, n: float, k: float, *, fed_by:
 
 
 def _grouped_gemm(cost: PassCost, rf: Roofline, groups: int, m: float, n: float, k: float,
-                  kernel: str) -> None:
+                  kernel: str, draw: dict | None = None) -> None:
     """The local experts' GEMM of an MoE layer (``groups`` experts, ``m`` rows each) and, in low
     precision, the cast of their input: Transformer Engine quantizes each expert's split separately
     (``tex.split_quantize`` in GroupedLinear), one kernel per expert like the GEMMs."""
-    t, f = rf.grouped_gemm(groups, m, n, k, kernel)
+    t, f = rf.grouped_gemm(groups, m, n, k, kernel, draw)
     launches = grouped_gemm_launches(groups, grouped_kernel(kernel).concurrent)
     cost.gemm_s += t
     cost.flops += f
@@ -759,6 +764,27 @@ def consecutive_nodes(nodes: int, top_k: int, experts: int) -> float:
     return sum(met) / len(met)
 
 
+def _expert_draw(moe, sh: Shard, mean_per_expert: float) -> dict:
+    """How a training step's routing spreads the rows over one rank's experts
+    (:func:`kernels.routed_grouped_gemm_efficiency`'s keywords). ``balanced`` routing is uniform: Megatron-Core's
+    forced load balancing, which the measured NeMo/Megatron-Bridge runs use, replaces the router's logits by
+    Gaussian noise before the top-k (megatron/core/transformer/moe/moe_utils.py ``RandomSTE``:
+    ``logits.clone().normal_()``), so each token's k experts are a uniform draw and an expert's rows are
+    ``Binomial(draws, k / E)`` over the EP group's tokens; a learned router under load balancing is taken as the
+    same within the stated rank load. ``consecutive`` (NeMo AutoModel's ``FakeBalancedGate``) gives every expert
+    exactly the mean. The busiest rank's stated load (``workload.moe_imbalance``) scales its experts' draw;
+    capacity (``moe_capacity_factor``) caps each expert at that times its mean share, and drop-and-pad
+    (``moe_pad_to_capacity``) makes every expert compute exactly its capacity."""
+    draws = max(1, round(mean_per_expert * moe.experts / moe.top_k))
+    cf = sh.moe_capacity_factor
+    return {"tokens": draws, "top_k": moe.top_k, "experts": moe.experts,
+            # the stated rank load (with a capacity and no padding it is min(imbalance, capacity): the imbalance
+            # past the capacity is dropped anyway); drop-and-pad ignores it
+            "load": sh.moe_load,
+            "capacity": cf * mean_per_expert if cf else 0.0, "pad": bool(cf and sh.moe_pad_to_capacity),
+            "spread": sh.moe_routing != "consecutive"}
+
+
 def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     """Router, all-to-all dispatch, grouped expert GEMMs, shared experts, all-to-all combine.
 
@@ -786,12 +812,14 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     rows = mean_rows * sh.moe_load
     up = m.expert_ffn_hidden * (2 if model.gated else 1)
     flops = c.flops
-    # the rank's experts (E / EP of them) each take their share of the rows, as separate GEMMs
-    # (kernels.grouped_gemm_efficiency): few tokens per expert leave tiles part empty
+    # the rank's experts (E / EP of them) each take their share of the rows, as separate GEMMs cut into
+    # row tiles of their own, each expert's rows as routing draws them -- the function serving prices its
+    # experts with (kernels.routed_grouped_gemm_efficiency): few tokens per expert leave tiles part empty
     local = max(1, m.experts // max(1, sh.ep))
     # (kernels.GROUPED_KERNELS: the stack's grouped-GEMM kernel class, its concurrency and measured rate)
-    _grouped_gemm(c, rf, local, rows / local, up / etp, h, sh.moe_grouped_gemm)
-    _grouped_gemm(c, rf, local, rows / local, h, m.expert_ffn_hidden / etp, sh.moe_grouped_gemm)
+    draw = _expert_draw(m, sh, mean_rows / local)
+    _grouped_gemm(c, rf, local, rows / local, up / etp, h, sh.moe_grouped_gemm, draw)
+    _grouped_gemm(c, rf, local, rows / local, h, m.expert_ffn_hidden / etp, sh.moe_grouped_gemm, draw)
     c.flops = flops + (c.flops - flops) / sh.moe_load
     if m.shared_experts:
         sw = (m.shared_expert_ffn_hidden or m.expert_ffn_hidden) * m.shared_experts

@@ -668,6 +668,7 @@ def build_plan(sc) -> Plan:
                   ep_nodes=max(1, shapes["ep"].size // max(1, shapes["ep"].per_domain)),
                   ep_dispatch=par.ep_dispatch, ep_overlap=par.overlap.ep_comm, moe_routing=w.moe_routing,
                   moe_load=w.moe_load, moe_grouped_gemm=par.moe_grouped_gemm,
+                  moe_capacity_factor=w.moe_capacity_factor, moe_pad_to_capacity=w.moe_pad_to_capacity,
                   moe_host_sync="none" if w.moe_pad_to_capacity else par.moe_host_sync,   # drop-and-pad: no wait
                   lora_rank=w.lora_rank, lora_modules=w.lora_modules, lora_dropout=w.lora_dropout,
                   lora_exchange=w.lora_exchange, tp_qkv=par.overlap.tp_qkv, cross_entropy=w.cross_entropy,
