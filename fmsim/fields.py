@@ -84,6 +84,8 @@ class _Section:
         own, inherited = self.data.get(key), self.inherited.get(key)
         if own is None:
             return inherited
+        if inherited is None:       # (most keys: no isinstance against the Mapping ABC, which is slow)
+            return own
         if isinstance(own, Mapping) and isinstance(inherited, Mapping):
             return {**inherited, **own}
         return own

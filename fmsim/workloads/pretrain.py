@@ -18,7 +18,7 @@ from ..engine.des import Job, RunResult, run_jobs
 from ..engine.trace import span_events, write_chrome_trace
 from ..errors import OutOfMemoryError
 from ..model.flops import attention_flops_per_token, lora_flops_per_token, model_flops_per_step
-from ..parallel.schedules import get_schedule
+from ..parallel.schedules import get_schedule, schedule_tasks
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
 from .storage_run import run_figures
@@ -286,7 +286,7 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     ag = rs = comp = 0.0
     ends: list[float] = []
     traffic = 0.0
-    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
+    for k, t in enumerate(schedule_tasks(plan.schedule, plan.pp, vpp, m, s)):
         if g > 0:
             ag = max(ag, ends[k - 2] if k >= 2 else 0.0) + g
             traffic += g
