@@ -32,10 +32,25 @@ def price_of(instance: str, pricing) -> AppliedPrice:
     if explicit is not None:
         return AppliedPrice("explicit", float(explicit), "", "scenario pricing.usd_per_hour")
     option = getattr(pricing, "option", None) or "on-demand"
-    price = load_catalog().price(instance, option)
+    cat = load_catalog()
+    hit = _APPLIED.get((instance, option))
+    if hit is not None and hit[0] is cat:
+        return hit[1]
+    price = cat.price(instance, option)
     if price is None:
-        return AppliedPrice(option, None, "", missing_price(instance, option))
-    return AppliedPrice(option, price.usd_per_hour, price.date, price.source)
+        out = AppliedPrice(option, None, "", missing_price(instance, option))
+    else:
+        out = AppliedPrice(option, price.usd_per_hour, price.date, price.source)
+    if len(_APPLIED) >= 1024:
+        _APPLIED.clear()
+    _APPLIED[(instance, option)] = (cat, out)
+    return out
+
+
+#: price_of's answers for the catalog they came from ((instance, option) -> (catalog, price)): every result
+#: of a plan search asks it again of the same few instances and options (the catalog's lookup scans and
+#: parses an instance's dated entries); bounded
+_APPLIED: dict[tuple[str, str], tuple[object, AppliedPrice]] = {}
 
 
 def missing_price(instance: str, option: str) -> str:

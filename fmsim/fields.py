@@ -54,6 +54,10 @@ def _what(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
+#: each allowed-keys tuple as a set, for the key check of every section read (a plan search reads thousands)
+_KNOWN: dict[tuple, frozenset] = {}
+
+
 class _Section:
     """One mapping of a scenario or catalog file: typed getters whose errors carry ``file`` and ``field``.
 
@@ -70,10 +74,15 @@ class _Section:
             raise ConfigError(f"got {_what(data)} (expected {expected})", file=file, field=where or None)
         self.data, self.file, self.where, self.allowed = data, file, where, allowed
         self.inherited, self.stack = (inherited or {}), stack
+        known = _KNOWN.get(allowed) if type(allowed) is tuple else None
+        if known is None:
+            known = frozenset(allowed)
+            if type(allowed) is tuple and len(_KNOWN) < 256:
+                _KNOWN[allowed] = known
         for key in data:
             if not isinstance(key, str):
                 raise self.err(str(key), f"key {key!r} is not a name (expected one of {', '.join(allowed)})")
-            if key not in allowed:
+            if key not in known:
                 raise self.err(key, f"unknown key {key!r}{suggest(key, allowed)}")
         for key in self.inherited:
             if key not in allowed:  # a stack catalog path the reader does not know: a catalog bug
@@ -84,6 +93,8 @@ class _Section:
         own, inherited = self.data.get(key), self.inherited.get(key)
         if own is None:
             return inherited
+        if inherited is None:       # (most keys: no isinstance against the Mapping ABC, which is slow)
+            return own
         if isinstance(own, Mapping) and isinstance(inherited, Mapping):
             return {**inherited, **own}
         return own

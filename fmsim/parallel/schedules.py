@@ -9,6 +9,7 @@ Megatron-LM's ``forward_backward_pipelining_with_interleaving``).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -94,3 +95,10 @@ def interleaved(pp: int, vpp: int, m: int, stage: int) -> list[Task]:
         tasks.append(Task("B", *bwd[k]))
     tasks += [Task("B", *bwd[k]) for k in range(total - warm, total)]
     return tasks
+
+
+@functools.lru_cache(maxsize=2048)
+def schedule_tasks(name: str, pp: int, vpp: int, m: int, stage: int) -> tuple[Task, ...]:
+    """Schedule ``name``'s tasks of ``stage``, as a tuple, memoised (bounded): a pure function of its
+    integers, which the plans of a search repeat (the analytical ZeRO-3 chain replays it per plan)."""
+    return tuple(get_schedule(name)(pp, vpp, m, stage))

@@ -47,6 +47,7 @@ from ..model.ops import (
 )
 from ..scenario import DEFAULT_GRAD_BUCKET, GRAD_BUCKET_MEGATRON
 from ..scenario.parallelism import default_grad_reduce_op
+from .schedules import schedule_tasks
 from .zero3 import deepspeed_stage
 
 #: Optimizer step traffic per locally-owned parameter, as Megatron's mixed-precision optimizers run it
@@ -236,6 +237,7 @@ def clear_caches() -> None:
     """Forget every cost shared across plans (tests compare cached and uncached evaluations)."""
     _SHARED.clear()
     _STAGES.clear()
+    _PIECES.clear()
     _PLACED.clear()
     for fn in CACHED:
         fn.cache_clear()
@@ -331,7 +333,7 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
                       recompute_modules: tuple[str, ...] = ("core_attn",),
                       offload_s: Mapping[int, float] | None = None,
                       recomputed: frozenset[int] | None = None,
-                      recompute_policy: str = "modules") -> tuple[StageCost, ...]:
+                      recompute_policy: str = "modules", pieces: dict | None = None) -> tuple[StageCost, ...]:
     """Forward/backward cost of one micro-batch through each virtual stage.
 
     Each kind of layer (dense, MoE, DeepSeek's wider dense layers), the embedding and the head is
@@ -346,11 +348,14 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
     activations: Megatron-LM's block method); None = every layer.
 
     ``recompute_policy`` torchtitan-op (with selective): each layer runs again every forward op but those
-    torchtitan's save list keeps (:func:`fmsim.model.sac.recompute_pass`)."""
+    torchtitan's save list keeps (:func:`fmsim.model.sac.recompute_pass`).
+
+    ``pieces``: a memo of the layer kinds', the embedding's and the head's pieces, which read neither the
+    layer split nor the offloaded layers, for calls that differ only in those (:func:`_stage_costs_shared`)."""
     rf = Roofline.of(instance.accelerator, shard.precision, shard.attention_kernel, shard.fp8_attention,
                      shard.fp8_recipe, wgrad=not frozen_weights)
     offload_s = offload_s or {}
-    per_layer: dict[tuple[bool, bool, bool, str], _Piece] = {}
+    per_layer: dict[tuple, _Piece] = {} if pieces is None else pieces
 
     def layer_piece(i: int) -> _Piece:
         moe = model.is_moe_layer(i)
@@ -391,13 +396,16 @@ def build_stage_costs(model: ModelSpec, instance: Instance, coster: CommCoster, 
         bwd.memory_s += memory_s[1]
         return _Piece.of(coster, fwd, bwd, PassCost(), overlap_tp, tp_async=tp_async)
 
-    embed = simple_piece(embedding_forward(model, shard, rf))
-    head = simple_piece(logits_forward(model, shard, rf), cross_entropy_s(model, shard, rf))
-    proj = PassCost()
-    proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
+    if "embed" not in per_layer:
+        per_layer["embed"] = simple_piece(embedding_forward(model, shard, rf))
+        per_layer["head"] = simple_piece(logits_forward(model, shard, rf), cross_entropy_s(model, shard, rf))
+        proj = PassCost()
+        proj.gemm_s, proj.flops = rf.gemm(shard.tokens, model.hidden, 2 * model.hidden)
+        per_layer["proj"] = simple_piece(proj)
+    embed, head = per_layer["embed"], per_layer["head"]
     # DeepSeek-V3 multi-token prediction (arXiv 2412.19437 §2.2): per depth one more transformer
     # block (as the last layer), a 2h -> h projection and the shared head, on the last stage
-    mtp = [layer_piece(model.layers - 1), simple_piece(proj), head] * model.mtp_layers
+    mtp = [layer_piece(model.layers - 1), per_layer["proj"], head] * model.mtp_layers
     n = pp * vpp
     out = []
     for v, lay in enumerate(layers):
@@ -433,6 +441,9 @@ _PIECE_AXES = ("tp", "cp", "ep")
 #: stage costs shared across plans: key -> (instance, stages); emptied when it reaches _STAGES_MAX
 _STAGES: dict[tuple, tuple[Instance, tuple[StageCost, ...]]] = {}
 _STAGES_MAX = 4096
+#: the pieces of build_stage_costs shared by plans that differ in their layer split (pp, vpp), the layers
+#: they offload or recompute: key -> (instance, pieces); emptied when it reaches _STAGES_MAX
+_PIECES: dict[tuple, tuple[Instance, dict]] = {}
 
 
 class _AxisRecorder:
@@ -465,17 +476,28 @@ def _stage_costs_shared(model: ModelSpec, instance: Instance, coster: CommCoster
     shapes = tuple(coster.shapes.get(a) for a in _PIECE_AXES)
     if any(g is not None and math.ceil(g.size / g.per_node) > coster.nodes for g in shapes):
         return build(coster)
+    settings = tuple(sorted(kw.items()))
     key = (id(instance), model, shapes, tuple(map(tuple, layers)), tuple(sorted(offload_s.items())),
-           recomputed, tuple(sorted(kw.items())))
+           recomputed, settings)
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is instance:
         return hit[1]
+    # the layer kinds', embedding's and head's pieces read neither the split nor the offloaded or recomputed
+    # layers (each layer's recompute mode is in its piece's key): shared by every such plan, under the same
+    # rule (a copy is worked on, and kept only when its passes asked about _PIECE_AXES alone)
+    pkey = (id(instance), model, shapes, tuple(kv for kv in settings if kv[0] not in ("pp", "vpp")))
+    known = _PIECES.get(pkey)
+    pieces = dict(known[1]) if known is not None and known[0] is instance else {}
     rec = _AxisRecorder(coster)
-    out = build(rec)
+    out = build_stage_costs(model, instance, rec, layers=layers, offload_s=offload_s, recomputed=recomputed,
+                            pieces=pieces, **kw)
     if rec.axes <= set(_PIECE_AXES):
         if len(_STAGES) >= _STAGES_MAX:
             _STAGES.clear()
+        if len(_PIECES) >= _STAGES_MAX:
+            _PIECES.clear()
         _STAGES[key] = (instance, out)
+        _PIECES[pkey] = (instance, pieces)
     return out
 
 
@@ -510,7 +532,8 @@ def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: b
 
 
 #: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
-CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached,
+          schedule_tasks)
 
 #: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
 _PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}

@@ -90,6 +90,8 @@ class PlanVariants:
         self.sc = sc
         self.catalog = catalog if catalog is not None else load_catalog()
         self.mapping = mapping if mapping is not None else scenario_to_mapping(sc, catalog=self.catalog)
+        # the scenario's constructor arguments, for each variant (what dataclasses.replace would gather)
+        self._fields = {f.name: getattr(sc, f.name) for f in dataclasses.fields(sc) if f.init}
         self._workloads: dict[int | None, tuple[Any, _Section]] = {}
         self._precision: dict[tuple[int | None, int], tuple[Cluster, ConfigError | None]] = {}
 
@@ -156,8 +158,8 @@ class PlanVariants:
         new_par = _parallelism(top, wl_sec, workload, cluster)
         new_pricing = sc.pricing if pricing is None else \
             _pricing(_Section({"pricing": pricing}, file, "", TOP_KEYS))
-        return dataclasses.replace(sc, workload=workload, cluster=cluster, parallelism=new_par,
-                                   pricing=new_pricing)
+        return type(sc)(**{**self._fields, "workload": workload, "cluster": cluster, "parallelism": new_par,
+                           "pricing": new_pricing})
 
 
 def plan_cluster(sc: Scenario, *, instance: str | None = None, nodes: int | None = None,

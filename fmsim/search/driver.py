@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .cache import ResultCache, context_key, default_cache_dir, plan_text
 from .evaluate import Evaluator
 from .executors import run_groups
-from .rank import EXPLICIT, Ranked, goal_order, pareto_frontier, priced, winners_by_instance
+from .rank import EXPLICIT, PriceBook, Ranked, goal_order, pareto_frontier, priced, winners_by_instance
 from .space import SearchSpace, candidates, default_space, parse_nodes, plan_dict
 
 #: refuse a search space larger than this (memory and time stay bounded; narrow the axes instead)
@@ -56,6 +56,7 @@ class SearchResult:
     winner: Checked | None = None
     catalog: Any = field(default=None, repr=False)              # prices the rows
     explicit_usd_per_hour: float | None = None                  # the scenario's fixed price, if it has one
+    _book: Any = field(default=None, repr=False, compare=False)  # the catalog's prices, memoised (PriceBook)
 
     @property
     def counts(self) -> Counter:
@@ -86,7 +87,9 @@ class SearchResult:
         return out
 
     def _priced(self, row: Mapping[str, Any], option: str) -> dict[str, Any]:
-        return priced(row, option, self.catalog, self.explicit_usd_per_hour)
+        if not isinstance(self._book, PriceBook) or self._book.catalog is not self.catalog:
+            self._book = PriceBook(self.catalog)
+        return priced(row, option, self._book, self.explicit_usd_per_hour)
 
 
 def _base(sc):
@@ -166,11 +169,12 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
         done = len(found)
         # each costed plan priced as its record arrives (while the workers cost the rest), put in order after
         ranks: dict[tuple, list[Ranked]] = {}
+        book = PriceBook(cat)
 
         def rank(pairs):
             for k, rec in pairs:
                 if rec["status"] == "ok":
-                    ranks[k] = [Ranked(k, priced(rec["row"], opt, cat, explicit), rec.get("why", ""))
+                    ranks[k] = [Ranked(k, priced(rec["row"], opt, book, explicit), rec.get("why", ""))
                                 for opt in space.pricing]
 
         rank((keys[i], rec) for i, rec in found.items())
@@ -194,7 +198,7 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     goals = (("deadline", deadline_s), ("budget", budget_usd))
     goal = "+".join(g for g, v in goals if v is not None) or "frontier"
     out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
-                       cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit)
+                       cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit, _book=book)
     out.ranked = [r for k in keys if k in ranks for r in ranks[k]]
     out.ordered = goal_order(out.ranked, deadline_s=deadline_s, budget_usd=budget_usd)
     out.frontier = pareto_frontier(out.ranked)

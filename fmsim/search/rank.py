@@ -17,8 +17,29 @@ from typing import Any
 EXPLICIT = "explicit"   # the scenario's own pricing: {usd_per_hour: N}
 
 
+class PriceBook:
+    """``catalog.price`` memoised for the rows of one search: each costed plan is priced under every option,
+    and the catalog's lookup (the newest of an instance's entries under an option, their dates parsed)
+    depends on the instance and the option alone -- a handful of answers for thousands of rows."""
+
+    __slots__ = ("catalog", "_memo")
+
+    def __init__(self, catalog):
+        self.catalog = catalog
+        self._memo: dict[tuple[str, str], Any] = {}
+
+    def price(self, instance: str, option: str):
+        key = (instance, option)
+        try:
+            return self._memo[key]
+        except KeyError:
+            hit = self._memo[key] = self.catalog.price(instance, option)
+            return hit
+
+
 def priced(row: Mapping[str, Any], option: str, catalog, explicit_usd_per_hour: float | None = None) -> dict:
-    """``row`` (a training result row) priced under pricing ``option`` (or the scenario's explicit price)."""
+    """``row`` (a training result row) priced under pricing ``option`` (or the scenario's explicit price);
+    ``catalog``: a :class:`~fmsim.catalog.Catalog` or a :class:`PriceBook` of one."""
     out = dict(row)
     if option == EXPLICIT:
         hourly, date = explicit_usd_per_hour, ""

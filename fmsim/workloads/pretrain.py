@@ -18,7 +18,7 @@ from ..engine.des import Job, RunResult, run_jobs
 from ..engine.trace import span_events, write_chrome_trace
 from ..errors import OutOfMemoryError
 from ..model.flops import attention_flops_per_token, lora_flops_per_token, model_flops_per_step
-from ..parallel.schedules import get_schedule
+from ..parallel.schedules import get_schedule, schedule_tasks
 from ..parallel.strategy import Plan, build_plan
 from ..results import Result
 from ..units import format_bytes
@@ -287,7 +287,7 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     ag = rs = comp = 0.0
     ends: list[float] = []
     traffic = 0.0
-    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
+    for k, t in enumerate(schedule_tasks(plan.schedule, plan.pp, vpp, m, s)):
         if g > 0:
             ag = max(ag, ends[k - 2] if k >= 2 else 0.0) + g
             traffic += g
@@ -322,9 +322,13 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     """
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     jit = plan.straggler_task_factor
+    # each virtual stage's forward and backward seconds, summed once (StageCost.fwd_s / bwd_s), by index
+    # chunk * pp + stage (Plan.virtual_stage)
+    fwd = [st.fwd_s for st in plan.stages]
+    bwd = [st.bwd_s for st in plan.stages]
     per_stage = []
     for s in range(pp):
-        per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
+        per_stage.append(jit * sum(fwd[c * pp + s] + bwd[c * pp + s]
                                    for c in range(vpp)))
     slow = max(per_stage)
     crit = per_stage.index(slow)
@@ -375,16 +379,16 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             # backward ends is exposed; the compute it runs beside is slower (as in the engine)
             start, free, r = 0.0, 0.0, dp / vpp
             for c in reversed(range(vpp)):
-                b_c = plan.virtual_stage(crit, c).bwd_s
+                b_c = bwd[c * pp + crit]
                 free = max(free, start) + r
                 end = start + b_c
                 if c:
-                    start = end + (pp - 1) * plan.virtual_stage(crit, c - 1).bwd_s
+                    start = end + (pp - 1) * bwd[(c - 1) * pp + crit]
             tail = max(0.0, free - end)
             dp_exposed = tail + sm * min(dp - tail, end)
         elif plan.overlap_grad_reduce:
             # overlapped with the last backward, which runs slower beside it (as in the engine)
-            hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
+            hidden = sum(bwd[c * pp + crit] for c in range(vpp))
             dp_exposed = max(0.0, dp - hidden) + sm * min(dp, hidden)
         else:
             dp_exposed = dp
@@ -407,7 +411,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                     continue
                 if plan.overlap_grad_reduce:
                     dp_exposed += sm * min(sum(plan.dp_buckets[s]),
-                                           sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+                                           sum(bwd[c * pp + s] for c in range(vpp)))
                 if plan.overlap_param_gather and plan.zero >= 1:
                     dp_exposed += _gather_slowdown_s(plan, s)
     opt = plan.optimizer_s[crit]
