@@ -263,7 +263,8 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
     gather, issued when the task two back has finished (one task of prefetch); each backward's
     reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
-    and the two streams, sharing the group's links, take at least their traffic back to back.
+    and the two streams share the group's links as the engine's flow network shares them (max-min fair:
+    half each while both run, the whole alone), so a gather issued beside a reduce-scatter takes longer.
     Pipeline waits are left to the caller. Past a few dozen micro-batches the chain's steady state is
     folded: it is replayed for fewer and extrapolated (:func:`fold_counts`), exactly. ``m``: the
     micro-batches replayed (the plan's by default)."""
@@ -275,28 +276,77 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
         return _extrapolate(counts, chains, m)
     vpp = plan.vpp
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
-    sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
     # each chunk's task durations, worked out once (every task of a chunk lasts the same)
+    fwd_dur, bwd_dur = _fsdp_task_s(plan, s)
+    eps = 1e-12 * (g + r)
+    ag = comp = 0.0
+    ends: list[float] = []
+    # the reduce-scatter stream: arrivals (backward ends) not yet started, the flow in flight (work left,
+    # in seconds at the link's full rate), the time its state is worked out to, the last one's end
+    waiting: list[float] = []
+    head = 0
+    rs_w = rs_t = rs_end = 0.0
+    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
+        if g > 0:
+            start = max(ag, ends[k - 2] if k >= 2 else 0.0)
+            # the reduce-scatters alone until the gather starts ...
+            while rs_t < start:
+                if rs_w <= 0.0:
+                    if head == len(waiting) or waiting[head] >= start:
+                        rs_t = start
+                        break
+                    rs_t, rs_w = max(rs_t, waiting[head]), r
+                    head += 1
+                dt = min(rs_w, start - rs_t)
+                rs_w -= dt
+                rs_t += dt
+                if rs_w <= eps:
+                    rs_w, rs_end = 0.0, rs_t
+            # ... then the gather, at half rate beside a reduce-scatter
+            left, now = g, max(start, rs_t)
+            while left > eps:
+                if rs_w > 0.0:
+                    dt = min(left, rs_w)
+                    left -= dt
+                    rs_w -= dt
+                    now += 2.0 * dt
+                    if rs_w <= eps:
+                        rs_w, rs_end = 0.0, now
+                elif head < len(waiting) and waiting[head] < now + left:
+                    arrive = max(now, waiting[head])
+                    left -= arrive - now
+                    now, rs_w = arrive, r
+                    head += 1
+                else:
+                    now += left
+                    left = 0.0
+            ag = rs_t = now
+        comp = max(comp, ag) + (fwd_dur if t.kind == "F" else bwd_dur)[t.chunk]
+        ends.append(comp)
+        if t.kind == "B" and r > 0:
+            waiting.append(comp)
+    # the reduce-scatters left, alone
+    if rs_w > 0.0:
+        rs_t += rs_w
+        rs_end = rs_t
+    for a in waiting[head:]:
+        rs_t = max(rs_t, a) + r
+        rs_end = rs_t
+    return max(comp, rs_end)
+
+
+def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
+    """ZeRO-3/FSDP: stage ``s``'s forward and backward durations per chunk as the engine runs them, slower
+    beside the next task's gather (and the backward beside its own reduce-scatter too)."""
+    vpp = plan.vpp
+    g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
+    sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
     fwd_dur, bwd_dur = [], []
     for c in range(vpp):
         st = plan.virtual_stage(s, c)
-        fwd_s, bwd_s = st.fwd_s, st.bwd_s
-        fwd_dur.append(fwd_s * jit + sm * min(fwd_s, g))
-        bwd_dur.append(bwd_s * jit + sm * min(bwd_s, g + r))
-    ag = rs = comp = 0.0
-    ends: list[float] = []
-    traffic = 0.0
-    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
-        if g > 0:
-            ag = max(ag, ends[k - 2] if k >= 2 else 0.0) + g
-            traffic += g
-        comp = max(comp, ag if g > 0 else 0.0) + (fwd_dur if t.kind == "F" else bwd_dur)[t.chunk]
-        ends.append(comp)
-        if t.kind == "B" and r > 0:
-            rs = max(rs, comp) + r
-            traffic += r
-    # the two streams share the links: together they cannot finish sooner than back to back
-    return max(comp, rs, traffic)
+        fwd_dur.append(st.fwd_s * jit + (sm * min(st.fwd_s, g) if g > 0 else 0.0))
+        bwd_dur.append(st.bwd_s * jit + (sm * min(st.bwd_s, g + r) if g > 0 or r > 0 else 0.0))
+    return fwd_dur, bwd_dur
 
 
 def _gather_slowdown_s(plan: Plan, s: int) -> float:
@@ -321,10 +371,16 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     """
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     jit = plan.straggler_task_factor
+    fsdp = plan.zero >= 3
     per_stage = []
     for s in range(pp):
-        per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
-                                   for c in range(vpp)))
+        if fsdp:
+            # ZeRO-3/FSDP: every task runs slower beside the traffic next to it, on every stage (the fill
+            # and drain included)
+            per_stage.append(sum(sum(d) for d in _fsdp_task_s(plan, s)))
+        else:
+            per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
+                                       for c in range(vpp)))
     slow = max(per_stage)
     crit = per_stage.index(slow)
     fill = (sum(per_stage) - slow) / vpp
@@ -364,6 +420,12 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         # chain takes beyond the stage's compute is exposed data-parallel time
         dp_exposed = max(0.0, _fsdp_chain_s(plan, crit) - m * per_stage[crit])
         gather = 0.0
+        # the critical stage's own slowdown beside its traffic is data-parallel cost (as the DES's
+        # breakdown counts it), not compute: moved from the pipeline term to the data-parallel one
+        slowed = m * (per_stage[crit] - jit * sum(plan.virtual_stage(crit, c).fwd_s + plan.virtual_stage(crit, c).bwd_s
+                                                  for c in range(vpp)))
+        pipeline -= slowed
+        dp_exposed += slowed
     else:
         sm = plan.overlap_slowdown
         nb = max(1, len(plan.dp_buckets[crit]))
