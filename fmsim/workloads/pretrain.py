@@ -10,6 +10,7 @@ step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -259,80 +260,210 @@ def _stage_of(plan: Plan, key: str) -> int:
     return v % plan.pp
 
 
+class _SharedLink:
+    """A ZeRO-3/FSDP stage's data-parallel links as the engine's flow network shares them between its two
+    streams: the parameter gathers (one at a time, each issued by the caller) and the gradient
+    reduce-scatters (one at a time, in arrival order), max-min fair -- half each while both run, the
+    whole alone (they cross the same links). Work is in seconds at the links' full rate."""
+
+    __slots__ = ("r", "eps", "waiting", "head", "rs_w", "rs_t", "rs_end")
+
+    def __init__(self, r: float, eps: float):
+        self.r, self.eps = r, eps
+        self.waiting: list[float] = []        # reduce-scatter arrivals (backward ends), in order
+        self.head = 0                          # the first not yet started
+        self.rs_w = self.rs_t = self.rs_end = 0.0   # work left of the one in flight; its clock; last end
+
+    def reduce(self, arrive: float) -> None:
+        self.waiting.append(arrive)
+
+    def gather(self, start: float, g: float) -> float:
+        """A gather of ``g`` issued at ``start`` (after every reduce-scatter that arrives before it ends
+        has been handed in); returns when it ends."""
+        waiting, r, eps = self.waiting, self.r, self.eps
+        rs_w, rs_t, head = self.rs_w, self.rs_t, self.head
+        # the reduce-scatters alone until the gather starts ...
+        while rs_t < start:
+            if rs_w <= 0.0:
+                if head == len(waiting) or waiting[head] >= start:
+                    rs_t = start
+                    break
+                rs_t, rs_w = max(rs_t, waiting[head]), r
+                head += 1
+            dt = min(rs_w, start - rs_t)
+            rs_w -= dt
+            rs_t += dt
+            if rs_w <= eps:
+                rs_w, self.rs_end = 0.0, rs_t
+        # ... then the gather, at half rate beside one
+        left, now = g, max(start, rs_t)
+        while left > eps:
+            if rs_w > 0.0:
+                dt = min(left, rs_w)
+                left -= dt
+                rs_w -= dt
+                now += 2.0 * dt
+                if rs_w <= eps:
+                    rs_w, self.rs_end = 0.0, now
+            elif head < len(waiting) and waiting[head] < now + left:
+                arrive = max(now, waiting[head])
+                left -= arrive - now
+                now, rs_w = arrive, r
+                head += 1
+            else:
+                now += left
+                left = 0.0
+        self.rs_w, self.rs_t, self.head = rs_w, now, head
+        return now
+
+    def drain(self) -> float:
+        """When the last reduce-scatter ends (the ones left run alone)."""
+        rs_t, rs_end = self.rs_t + self.rs_w, self.rs_end
+        if self.rs_w > 0.0:
+            rs_end = rs_t
+        for a in self.waiting[self.head:]:
+            rs_t = rs_end = max(rs_t, a) + self.r
+        return rs_end
+
+
+@functools.lru_cache(maxsize=1024)
+def _tasks(schedule: str, pp: int, vpp: int, m: int, s: int) -> tuple:
+    """Stage ``s``'s task order (:func:`fmsim.parallel.schedules.get_schedule`), kept: the estimate
+    replays the same few shapes across thousands of plans."""
+    return tuple(get_schedule(schedule)(pp, vpp, m, s))
+
+
 def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
     gather, issued when the task two back has finished (one task of prefetch); each backward's
     reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
-    and the two streams share the group's links as the engine's flow network shares them (max-min fair:
-    half each while both run, the whole alone), so a gather issued beside a reduce-scatter takes longer.
-    Pipeline waits are left to the caller. Past a few dozen micro-batches the chain's steady state is
-    folded: it is replayed for fewer and extrapolated (:func:`fold_counts`), exactly. ``m``: the
-    micro-batches replayed (the plan's by default)."""
+    and the two streams share the group's links as the engine's flow network shares them
+    (:class:`_SharedLink`), so a gather issued beside a reduce-scatter takes longer.
+    Pipeline waits are left to the caller (:func:`_fsdp_pipeline_s` replays them). Past a few dozen
+    micro-batches the chain's steady state is folded: it is replayed for fewer and extrapolated
+    (:func:`fold_counts`), exactly. ``m``: the micro-batches replayed (the plan's by default)."""
     if m is None:
         m = plan.num_microbatches
-    if m > FOLD_ABOVE:
-        counts = fold_counts(m, plan.pp)
+    counts = fold_counts(m, plan.pp)
+    if m > FOLD_ABOVE and sum(counts) < m:
         chains = [_fsdp_chain_s(plan, s, k) for k in counts]
         return _extrapolate(counts, chains, m)
     vpp = plan.vpp
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     # each chunk's task durations, worked out once (every task of a chunk lasts the same)
     fwd_dur, bwd_dur = _fsdp_task_s(plan, s)
-    eps = 1e-12 * (g + r)
+    link = _SharedLink(r, 1e-12 * (g + r))
     ag = comp = 0.0
     ends: list[float] = []
-    # the reduce-scatter stream: arrivals (backward ends) not yet started, the flow in flight (work left,
-    # in seconds at the link's full rate), the time its state is worked out to, the last one's end
-    waiting: list[float] = []
-    head = 0
-    rs_w = rs_t = rs_end = 0.0
-    for k, t in enumerate(get_schedule(plan.schedule)(plan.pp, vpp, m, s)):
+    for k, t in enumerate(_tasks(plan.schedule, plan.pp, vpp, m, s)):
         if g > 0:
-            start = max(ag, ends[k - 2] if k >= 2 else 0.0)
-            # the reduce-scatters alone until the gather starts ...
-            while rs_t < start:
-                if rs_w <= 0.0:
-                    if head == len(waiting) or waiting[head] >= start:
-                        rs_t = start
-                        break
-                    rs_t, rs_w = max(rs_t, waiting[head]), r
-                    head += 1
-                dt = min(rs_w, start - rs_t)
-                rs_w -= dt
-                rs_t += dt
-                if rs_w <= eps:
-                    rs_w, rs_end = 0.0, rs_t
-            # ... then the gather, at half rate beside a reduce-scatter
-            left, now = g, max(start, rs_t)
-            while left > eps:
-                if rs_w > 0.0:
-                    dt = min(left, rs_w)
-                    left -= dt
-                    rs_w -= dt
-                    now += 2.0 * dt
-                    if rs_w <= eps:
-                        rs_w, rs_end = 0.0, now
-                elif head < len(waiting) and waiting[head] < now + left:
-                    arrive = max(now, waiting[head])
-                    left -= arrive - now
-                    now, rs_w = arrive, r
-                    head += 1
-                else:
-                    now += left
-                    left = 0.0
-            ag = rs_t = now
+            ag = link.gather(max(ag, ends[k - 2] if k >= 2 else 0.0), g)
         comp = max(comp, ag) + (fwd_dur if t.kind == "F" else bwd_dur)[t.chunk]
         ends.append(comp)
         if t.kind == "B" and r > 0:
-            waiting.append(comp)
-    # the reduce-scatters left, alone
-    if rs_w > 0.0:
-        rs_t += rs_w
-        rs_end = rs_t
-    for a in waiting[head:]:
-        rs_t = max(rs_t, a) + r
-        rs_end = rs_t
-    return max(comp, rs_end)
+            link.reduce(comp)
+    return max(comp, link.drain())
+
+
+def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tuple[float, float, float]]]:
+    """A ZeRO-3/FSDP pipeline's step as the engine runs it: every stage's chain (:func:`_fsdp_chain_s`)
+    replayed together with the pipeline's own waits -- a forward waits for the previous virtual stage's
+    activation, a backward for the next one's gradient, each a send later, and (without p2p overlap) a
+    stage's next task for its own send -- then each stage's straggler wait and optimizer step. Where the
+    stages wait on their traffic, these waits pass along the pipeline and lengthen its period beyond any
+    one stage's chain. The sends take ``pp_send_s`` (their share of the links beside the gathers is not
+    replayed). Past a few groups of pp micro-batches the steady state is folded (three shorter replays,
+    extrapolated when the third confirms the slope the first two give).
+    Returns (step, per stage (start of its first task, end of its last, start of its optimizer))."""
+    if m is None:
+        m = plan.num_microbatches
+    pp = plan.pp
+    # the steady state comes after the warm-up: three counts a group of pp apart, congruent to m
+    # modulo pp (the interleaved schedule's period), fold when their replays cost less than m's and
+    # the third confirms the slope the first two give (else m is replayed in full)
+    base = max(2, -(-8 // pp)) * pp + m % pp
+    counts = (base, base + pp, base + 2 * pp)
+    if sum(counts) < m:
+        runs = [_fsdp_pipeline_s(plan, k) for k in counts]
+        steps = [r[0] for r in runs]
+        if abs((steps[2] - steps[1]) - (steps[1] - steps[0])) <= 1e-6 * steps[2]:
+            marks = [tuple(_extrapolate(counts, [r[1][s][i] for r in runs], m) for i in range(3))
+                     for s in range(pp)]
+            return _extrapolate(counts, steps, m), marks     # type: ignore[return-value]
+    vpp = plan.vpp
+    nv = pp * vpp
+    send = plan.pp_send_s
+    own = not plan.overlap_pp_comm
+    tasks = [_tasks(plan.schedule, pp, vpp, m, s) for s in range(pp)]
+    durs = [_fsdp_task_s(plan, s) for s in range(pp)]
+    gs = [plan.dp_gather_s[s] / vpp for s in range(pp)]
+    links = [_SharedLink(sum(plan.dp_buckets[s]) / vpp, 1e-12 * (gs[s] + sum(plan.dp_buckets[s]) + 1e-30))
+             for s in range(pp)]
+    fwd_end: list[float | None] = [None] * (m * nv)     # by micro-batch * nv + virtual stage
+    bwd_end: list[float | None] = [None] * (m * nv)
+    ptr = [0] * pp
+    ag = [0.0] * pp
+    comp = [0.0] * pp
+    sent = [0.0] * pp          # when the stage's last task's send has gone (0: none to wait for)
+    first = [0.0] * pp
+    ends: list[list[float]] = [[] for _ in range(pp)]
+    left = sum(len(t) for t in tasks)
+    while left:
+        moved = False
+        for s in range(pp):
+            ts, k, e_s = tasks[s], ptr[s], ends[s]
+            fwd_dur, bwd_dur = durs[s]
+            g, link = gs[s], links[s]
+            while k < len(ts):
+                t = ts[k]
+                v = t.chunk * pp + s
+                if t.kind == "F":
+                    if v > 0:
+                        dep = fwd_end[t.microbatch * nv + v - 1]
+                        if dep is None:
+                            break
+                        dep += send
+                    else:
+                        dep = 0.0
+                else:
+                    if v < nv - 1:
+                        dep = bwd_end[t.microbatch * nv + v + 1]
+                        if dep is None:
+                            break
+                        dep += send
+                    else:
+                        dep = fwd_end[t.microbatch * nv + v]
+                if g > 0:
+                    ag[s] = link.gather(max(ag[s], e_s[k - 2] if k >= 2 else 0.0), g)
+                begin = max(comp[s], ag[s], dep, sent[s])
+                if k == 0:
+                    first[s] = begin
+                if t.kind == "F":
+                    end = begin + fwd_dur[t.chunk]
+                    fwd_end[t.microbatch * nv + v] = end
+                    has_send = v < nv - 1
+                else:
+                    end = begin + bwd_dur[t.chunk]
+                    bwd_end[t.microbatch * nv + v] = end
+                    link.reduce(end)
+                    has_send = v > 0
+                comp[s] = end
+                sent[s] = end + send if (own and has_send) else 0.0
+                e_s.append(end)
+                k += 1
+                left -= 1
+                moved = True
+            ptr[s] = k
+        if not moved:
+            raise RuntimeError("FSDP pipeline replay: schedule deadlock")
+    step = 0.0
+    marks = []
+    for s in range(pp):
+        last = comp[s] + _straggle_wait_s(plan, s)
+        opt_start = max(last, sent[s], links[s].drain())
+        step = max(step, opt_start + plan.optimizer_s[s])
+        marks.append((first[s], comp[s], opt_start))
+    return step, marks
 
 
 def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
@@ -372,6 +503,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     pp, vpp, m = plan.pp, plan.vpp, plan.num_microbatches
     jit = plan.straggler_task_factor
     fsdp = plan.zero >= 3
+    replayed = None             # the step of a replayed ZeRO-3/FSDP pipeline (_fsdp_pipeline_s)
     per_stage = []
     for s in range(pp):
         if fsdp:
@@ -425,6 +557,16 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         slowed = m * (per_stage[crit] - jit * sum(plan.virtual_stage(crit, c).fwd_s + plan.virtual_stage(crit, c).bwd_s
                                                   for c in range(vpp)))
         pipeline -= slowed
+        # beyond the first gather and the last reduce-scatter (exposed once whatever the pipeline), the
+        # stage waits on its traffic: then the waits pass along the pipeline, which the stages' chains
+        # alone do not show -- replay the whole pipeline (_fsdp_pipeline_s), only then and only while
+        # the fill and drain weigh (a few micro-batches per stage: with many, the critical stage's
+        # chain is the step within 3 %, bench/estimate_vs_des.py); it costs a replay of every stage
+        once = (plan.dp_gather_s[crit] + sum(plan.dp_buckets[crit])) / vpp
+        if 1 < pp and m <= FSDP_REPLAY_MAX_M * pp and dp_exposed - once > FSDP_REPLAY_ABOVE * m * per_stage[crit]:
+            replayed, marks = _fsdp_pipeline_s(plan)
+            first, last, opt_start = marks[crit]
+            dp_exposed = max(0.0, opt_start - last - _straggle_wait_s(plan, crit)) + (first if crit == 0 else 0.0)
         dp_exposed += slowed
     else:
         sm = plan.overlap_slowdown
@@ -473,7 +615,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                     dp_exposed += _gather_slowdown_s(plan, s)
     opt = plan.optimizer_s[crit]
     straggle = _straggle_wait_s(plan, crit)
-    step = pipeline + dp_exposed + gather + opt + straggle
+    step = pipeline + dp_exposed + gather + opt + straggle if replayed is None else replayed
     comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
                for c in range(vpp))
     rec = sum(m * plan.virtual_stage(crit, c).recompute_s for c in range(vpp))
@@ -620,6 +762,12 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
                   price_date=price.date, metrics=metrics, breakdown=breakdown, memory=mem[worst].as_dict(),
                   details=det)
 
+
+#: a ZeRO-3/FSDP pipeline whose critical stage waits on its traffic for more than this share of its
+#: compute (beyond the first gather and the last reduce-scatter) is replayed whole (_fsdp_pipeline_s)
+FSDP_REPLAY_ABOVE = 0.01
+#: ... and has at most this many micro-batches per pipeline stage
+FSDP_REPLAY_MAX_M = 4
 
 #: micro-batches per step simulated event by event; past this the steady state is folded (below)
 FOLD_ABOVE = 128
