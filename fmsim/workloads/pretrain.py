@@ -480,6 +480,34 @@ def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
     return fwd_dur, bwd_dur
 
 
+def _dp_tail_s(plan: Plan, s: int) -> tuple[float, float]:
+    """Stage ``s``'s gradient reduce, not under ZeRO-3: (what is left of it when the stage's last backward
+    ends, how much slower the backwards it runs beside take), as the engine runs it."""
+    pp, vpp = plan.pp, plan.vpp
+    dp = sum(plan.dp_buckets[s])
+    sm = plan.overlap_slowdown
+    if plan.overlap_grad_reduce and vpp > 1:
+        # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c
+        # on, and the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream
+        # works through them behind the rest of the cool-down, and what it has left when the last
+        # backward ends is exposed; the compute it runs beside is slower (as in the engine)
+        start, free, r = 0.0, 0.0, dp / vpp
+        end = 0.0
+        for c in reversed(range(vpp)):
+            b_c = plan.virtual_stage(s, c).bwd_s
+            free = max(free, start) + r
+            end = start + b_c
+            if c:
+                start = end + (pp - 1) * plan.virtual_stage(s, c - 1).bwd_s
+        tail = max(0.0, free - end)
+        return tail, sm * min(dp - tail, end)
+    if plan.overlap_grad_reduce:
+        # overlapped with the last backward, which runs slower beside it (as in the engine)
+        hidden = sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp))
+        return max(0.0, dp - hidden), sm * min(dp, hidden)
+    return dp, 0.0
+
+
 def _gather_slowdown_s(plan: Plan, s: int) -> float:
     """How much slower stage ``s``'s first forwards run beside its overlapped parameter gather (all
     buckets but the first, which they wait for), as the engine slows them."""
@@ -571,26 +599,8 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     else:
         sm = plan.overlap_slowdown
         nb = max(1, len(plan.dp_buckets[crit]))
-        if plan.overlap_grad_reduce and vpp > 1:
-            # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c
-            # on, and the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream
-            # works through them behind the rest of the cool-down, and what it has left when the last
-            # backward ends is exposed; the compute it runs beside is slower (as in the engine)
-            start, free, r = 0.0, 0.0, dp / vpp
-            for c in reversed(range(vpp)):
-                b_c = plan.virtual_stage(crit, c).bwd_s
-                free = max(free, start) + r
-                end = start + b_c
-                if c:
-                    start = end + (pp - 1) * plan.virtual_stage(crit, c - 1).bwd_s
-            tail = max(0.0, free - end)
-            dp_exposed = tail + sm * min(dp - tail, end)
-        elif plan.overlap_grad_reduce:
-            # overlapped with the last backward, which runs slower beside it (as in the engine)
-            hidden = sum(plan.virtual_stage(crit, c).bwd_s for c in range(vpp))
-            dp_exposed = max(0.0, dp - hidden) + sm * min(dp, hidden)
-        else:
-            dp_exposed = dp
+        tail, slowed = _dp_tail_s(plan, crit)
+        dp_exposed = tail + slowed
         if plan.overlap_param_gather and plan.zero >= 1:
             # bucket by bucket ahead of the first forward: only the first bucket waits in the open
             g = plan.dp_gather_s[crit]
@@ -613,6 +623,17 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                                            sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
                 if plan.overlap_param_gather and plan.zero >= 1:
                     dp_exposed += _gather_slowdown_s(plan, s)
+            # each stage's reduce tail, optimizer step and (not overlapped) parameter gather start when its
+            # own last backward ends, which is earlier than the pipeline's by the backwards (and sends) of
+            # the stages below it on the last micro-batch's way back: the step ends with the stage that
+            # finishes last, not always the critical one (as in the engine)
+            after = not (plan.overlap_param_gather and plan.zero >= 1)
+            below, last = 0.0, -math.inf
+            for s in range(pp):
+                last = max(last, (tail if s == crit else _dp_tail_s(plan, s)[0]) + plan.optimizer_s[s]
+                           + (plan.dp_gather_s[s] if after else 0.0) - below)
+                below += jit * plan.virtual_stage(s, 0).bwd_s + plan.pp_send_s
+            dp_exposed += last - (tail + plan.optimizer_s[crit] + (gather if after else 0.0))
     opt = plan.optimizer_s[crit]
     straggle = _straggle_wait_s(plan, crit)
     step = pipeline + dp_exposed + gather + opt + straggle if replayed is None else replayed
@@ -625,7 +646,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                 for c in range(vpp))
         if v:
             out[f"comm_{k}"] = v
-    out["comm_dp"] = dp_exposed + gather + sum(
+    out["comm_dp"] = max(0.0, dp_exposed + gather) + sum(
         m * (plan.virtual_stage(crit, c).fwd_comm.get("dp", 0.0) + plan.virtual_stage(crit, c).bwd_comm.get("dp", 0.0))
         for c in range(vpp))
     if own_sends:
