@@ -500,7 +500,9 @@ def _dp_tail_s(plan: Plan, s: int) -> tuple[float, float]:
             if c:
                 start = end + (pp - 1) * plan.virtual_stage(s, c - 1).bwd_s
         tail = max(0.0, free - end)
-        return tail, sm * min(dp - tail, end)
+        # the engine slows the backward a chunk's buckets come out of (its last micro-batch's), beside
+        # them; the cool-down's other backwards run at full speed
+        return tail, sm * sum(min(plan.virtual_stage(s, c).bwd_s, r) for c in range(vpp))
     if plan.overlap_grad_reduce:
         # overlapped with the last backward, which runs slower beside it (as in the engine)
         hidden = sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp))
