@@ -482,32 +482,31 @@ def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
 
 def _dp_tail_s(plan: Plan, s: int) -> tuple[float, float]:
     """Stage ``s``'s gradient reduce, not under ZeRO-3: (what is left of it when the stage's last backward
-    ends, how much slower the backwards it runs beside take), as the engine runs it."""
+    ends, how much slower the backwards it runs beside take), as the engine runs it: the backward a
+    chunk's buckets come out of (its last micro-batch's) is cut into one part per bucket, each bucket's
+    reduce starts when its part ends and the stream's previous bucket is done, and each part but the first
+    runs slower beside the previous bucket's reduce. A stream that is behind is not held up by the slower
+    parts: the reduce ends a first part after the chunk's backward starts, plus the chunk's buckets."""
     pp, vpp = plan.pp, plan.vpp
     dp = sum(plan.dp_buckets[s])
     sm = plan.overlap_slowdown
-    if plan.overlap_grad_reduce and vpp > 1:
-        # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c
-        # on, and the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream
-        # works through them behind the rest of the cool-down, and what it has left when the last
-        # backward ends is exposed; the compute it runs beside is slower (as in the engine)
-        start, free, r = 0.0, 0.0, dp / vpp
-        end = 0.0
-        for c in reversed(range(vpp)):
-            b_c = plan.virtual_stage(s, c).bwd_s
-            free = max(free, start) + r
-            end = start + b_c
-            if c:
-                start = end + (pp - 1) * plan.virtual_stage(s, c - 1).bwd_s
-        tail = max(0.0, free - end)
-        # the engine slows the backward a chunk's buckets come out of (its last micro-batch's), beside
-        # them; the cool-down's other backwards run at full speed
-        return tail, sm * sum(min(plan.virtual_stage(s, c).bwd_s, r) for c in range(vpp))
-    if plan.overlap_grad_reduce:
-        # overlapped with the last backward, which runs slower beside it (as in the engine)
-        hidden = sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp))
-        return max(0.0, dp - hidden), sm * min(dp, hidden)
-    return dp, 0.0
+    if not plan.overlap_grad_reduce:
+        return dp, 0.0
+    nb = max(1, len(plan.dp_buckets[s]) // vpp)
+    r = dp / vpp
+    # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c on, and
+    # the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream works through
+    # them behind the rest of the cool-down, and what it has left when the last backward ends is exposed
+    start = free = end = slowed = 0.0
+    for c in reversed(range(vpp)):
+        b_c = plan.virtual_stage(s, c).bwd_s
+        slow = sm * min(b_c * (nb - 1) / nb, r * (nb - 1) / nb) if nb > 1 else 0.0
+        free = max(free, start + b_c / nb) + r
+        end = start + b_c + slow
+        slowed += slow
+        if c:
+            start = end + (pp - 1) * plan.virtual_stage(s, c - 1).bwd_s
+    return max(0.0, free - end), slowed
 
 
 def _gather_slowdown_s(plan: Plan, s: int) -> float:
@@ -621,8 +620,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
                 if s == crit:
                     continue
                 if plan.overlap_grad_reduce:
-                    dp_exposed += sm * min(sum(plan.dp_buckets[s]),
-                                           sum(plan.virtual_stage(s, c).bwd_s for c in range(vpp)))
+                    dp_exposed += _dp_tail_s(plan, s)[1]
                 if plan.overlap_param_gather and plan.zero >= 1:
                     dp_exposed += _gather_slowdown_s(plan, s)
             # each stage's reduce tail, optimizer step and (not overlapped) parameter gather start when its
