@@ -344,14 +344,20 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     (:func:`fold_counts`), exactly. ``m``: the micro-batches replayed (the plan's by default)."""
     if m is None:
         m = plan.num_microbatches
-    counts = fold_counts(m, plan.pp)
-    if m > FOLD_ABOVE and sum(counts) < m:
-        chains = [_fsdp_chain_s(plan, s, k) for k in counts]
-        return _extrapolate(counts, chains, m)
     vpp = plan.vpp
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     # each chunk's task durations, worked out once (every task of a chunk lasts the same)
     fwd_dur, bwd_dur = _fsdp_task_s(plan, s)
+    if g + r <= min(min(fwd_dur), min(bwd_dur)):
+        # every task outlasts a gather and a reduce-scatter back to back: what a task end hands the links
+        # (the gather two tasks on, its own reduce-scatter) is done by the next task end, so no task but
+        # the first waits (for the first gather) and the last reduce-scatter runs alone after the last
+        # backward -- the replay below gives exactly this
+        return g + m * sum(map(sum, (fwd_dur, bwd_dur))) + r
+    counts = fold_counts(m, plan.pp)
+    if m > FOLD_ABOVE and sum(counts) < m:
+        chains = [_fsdp_chain_s(plan, s, k) for k in counts]
+        return _extrapolate(counts, chains, m)
     link = _SharedLink(r, 1e-12 * (g + r))
     ag = comp = 0.0
     ends: list[float] = []
@@ -616,11 +622,12 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             # every stage's first forwards and last backwards run slower beside its own gathers and
             # reduces, and those tasks lie on the first micro-batch's way down the pipeline and the
             # last one's way back: the other stages' slowdowns add to the critical stage's wait
+            tails = [(tail, slowed) if s == crit else _dp_tail_s(plan, s) for s in range(pp)]
             for s in range(pp):
                 if s == crit:
                     continue
                 if plan.overlap_grad_reduce:
-                    dp_exposed += _dp_tail_s(plan, s)[1]
+                    dp_exposed += tails[s][1]
                 if plan.overlap_param_gather and plan.zero >= 1:
                     dp_exposed += _gather_slowdown_s(plan, s)
             # each stage's reduce tail, optimizer step and (not overlapped) parameter gather start when its
@@ -630,7 +637,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             after = not (plan.overlap_param_gather and plan.zero >= 1)
             below, last = 0.0, -math.inf
             for s in range(pp):
-                last = max(last, (tail if s == crit else _dp_tail_s(plan, s)[0]) + plan.optimizer_s[s]
+                last = max(last, tails[s][0] + plan.optimizer_s[s]
                            + (plan.dp_gather_s[s] if after else 0.0) - below)
                 below += jit * plan.virtual_stage(s, 0).bwd_s + plan.pp_send_s
             dp_exposed += last - (tail + plan.optimizer_s[crit] + (gather if after else 0.0))
