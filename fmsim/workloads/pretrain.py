@@ -333,6 +333,25 @@ def _tasks(schedule: str, pp: int, vpp: int, m: int, s: int) -> tuple:
     return tuple(get_schedule(schedule)(pp, vpp, m, s))
 
 
+@functools.lru_cache(maxsize=1024)
+def _replay_tasks(schedule: str, pp: int, vpp: int, m: int, s: int) -> tuple:
+    """Stage ``s``'s tasks as :func:`_fsdp_pipeline_s` replays them, worked out once per shape: (forward?,
+    chunk, the task it waits for or -1, whether a send lies between, its own number, whether it sends on).
+    Tasks are numbered micro-batch x virtual stage, forwards first, then backwards."""
+    nv = pp * vpp
+    out = []
+    for t in _tasks(schedule, pp, vpp, m, s):
+        v = t.chunk * pp + s
+        i = t.microbatch * nv + v
+        if t.kind == "F":
+            out.append((True, t.chunk, i - 1 if v > 0 else -1, True, i, v < nv - 1))
+        elif v < nv - 1:
+            out.append((False, t.chunk, m * nv + i + 1, True, m * nv + i, v > 0))
+        else:
+            out.append((False, t.chunk, i, False, m * nv + i, v > 0))
+    return tuple(out)
+
+
 def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
     gather, issued when the task two back has finished (one task of prefetch); each backward's
@@ -400,13 +419,12 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tupl
     nv = pp * vpp
     send = plan.pp_send_s
     own = not plan.overlap_pp_comm
-    tasks = [_tasks(plan.schedule, pp, vpp, m, s) for s in range(pp)]
+    tasks = [_replay_tasks(plan.schedule, pp, vpp, m, s) for s in range(pp)]
     durs = [_fsdp_task_s(plan, s) for s in range(pp)]
     gs = [plan.dp_gather_s[s] / vpp for s in range(pp)]
     links = [_SharedLink(sum(plan.dp_buckets[s]) / vpp, 1e-12 * (gs[s] + sum(plan.dp_buckets[s]) + 1e-30))
              for s in range(pp)]
-    fwd_end: list[float | None] = [None] * (m * nv)     # by micro-batch * nv + virtual stage
-    bwd_end: list[float | None] = [None] * (m * nv)
+    done: list[float | None] = [None] * (2 * m * nv)    # each task's end (_replay_tasks' numbering)
     ptr = [0] * pp
     ag = [0.0] * pp
     comp = [0.0] * pp
@@ -420,46 +438,36 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tupl
             ts, k, e_s = tasks[s], ptr[s], ends[s]
             fwd_dur, bwd_dur = durs[s]
             g, link = gs[s], links[s]
-            while k < len(ts):
-                t = ts[k]
-                v = t.chunk * pp + s
-                if t.kind == "F":
-                    if v > 0:
-                        dep = fwd_end[t.microbatch * nv + v - 1]
-                        if dep is None:
-                            break
+            a_s, c_s, w_s = ag[s], comp[s], sent[s]
+            n = len(ts)
+            while k < n:
+                fwd, c, dep_i, via_send, me, has_send = ts[k]
+                if dep_i >= 0:
+                    dep = done[dep_i]
+                    if dep is None:
+                        break
+                    if via_send:
                         dep += send
-                    else:
-                        dep = 0.0
                 else:
-                    if v < nv - 1:
-                        dep = bwd_end[t.microbatch * nv + v + 1]
-                        if dep is None:
-                            break
-                        dep += send
-                    else:
-                        dep = fwd_end[t.microbatch * nv + v]
+                    dep = 0.0
                 if g > 0:
-                    ag[s] = link.gather(max(ag[s], e_s[k - 2] if k >= 2 else 0.0), g)
-                begin = max(comp[s], ag[s], dep, sent[s])
+                    a_s = link.gather(max(a_s, e_s[k - 2] if k >= 2 else 0.0), g)
+                begin = max(c_s, a_s, dep, w_s)
                 if k == 0:
                     first[s] = begin
-                if t.kind == "F":
-                    end = begin + fwd_dur[t.chunk]
-                    fwd_end[t.microbatch * nv + v] = end
-                    has_send = v < nv - 1
+                if fwd:
+                    c_s = begin + fwd_dur[c]
                 else:
-                    end = begin + bwd_dur[t.chunk]
-                    bwd_end[t.microbatch * nv + v] = end
-                    link.reduce(end)
-                    has_send = v > 0
-                comp[s] = end
-                sent[s] = end + send if (own and has_send) else 0.0
-                e_s.append(end)
+                    c_s = begin + bwd_dur[c]
+                    link.reduce(c_s)
+                done[me] = c_s
+                w_s = c_s + send if (own and has_send) else 0.0
+                e_s.append(c_s)
                 k += 1
-                left -= 1
+            if k != ptr[s]:
+                left -= k - ptr[s]
                 moved = True
-            ptr[s] = k
+                ptr[s], ag[s], comp[s], sent[s] = k, a_s, c_s, w_s
         if not moved:
             raise RuntimeError("FSDP pipeline replay: schedule deadlock")
     step = 0.0
