@@ -523,6 +523,27 @@ def _dp_tail_s(plan: Plan, s: int) -> tuple[float, float]:
     return max(0.0, free - end), slowed
 
 
+def _chunk_gather_wait_s(plan: Plan) -> float:
+    """Interleaved, with the parameter gather overlapped: a stage gathers its chunks in turn, bucket by
+    bucket, and the first forward of chunk c waits for chunk c's first bucket, behind all of the earlier
+    chunks' -- the first micro-batch's way through the virtual stages, with those waits, against without
+    (the first bucket of all, which it also waits for, is counted apart), as the engine runs it."""
+    pp, vpp = plan.pp, plan.vpp
+    if vpp == 1:
+        return 0.0
+    jit, send = plan.straggler_task_factor, plan.pp_send_s
+    first = plan.dp_gather_s[0] / vpp / max(1, len(plan.dp_buckets[0]) // vpp)
+    free = waited = first
+    for v in range(pp * vpp):
+        s, c = v % pp, v // pp
+        chunk = plan.dp_gather_s[s] / vpp
+        waited = max(waited, c * chunk + chunk / max(1, len(plan.dp_buckets[s]) // vpp))
+        step = jit * plan.virtual_stage(s, c).fwd_s + send
+        free += step
+        waited += step
+    return waited - free
+
+
 def _gather_slowdown_s(plan: Plan, s: int) -> float:
     """How much slower stage ``s``'s first forwards run beside its overlapped parameter gather (all
     buckets but the first, which they wait for), as the engine slows them."""
@@ -619,7 +640,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         if plan.overlap_param_gather and plan.zero >= 1:
             # bucket by bucket ahead of the first forward: only the first bucket waits in the open
             g = plan.dp_gather_s[crit]
-            gather = g / nb + _gather_slowdown_s(plan, crit)
+            gather = g / nb + _gather_slowdown_s(plan, crit) + _chunk_gather_wait_s(plan)
             if plan.overlap_grad_reduce:
                 # the gathers and the gradient buckets take turns on one communication stream: the step
                 # is at least both, back to back, whatever compute they hide behind (the engine's stream)
