@@ -397,24 +397,12 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tupl
     stage's next task for its own send -- then each stage's straggler wait and optimizer step. Where the
     stages wait on their traffic, these waits pass along the pipeline and lengthen its period beyond any
     one stage's chain. The sends take ``pp_send_s`` (their share of the links beside the gathers is not
-    replayed). Past a few groups of pp micro-batches the steady state is folded (three shorter replays,
-    extrapolated when the third confirms the slope the first two give).
-    Returns (step, per stage (start of its first task, end of its last, start of its optimizer))."""
+    replayed). It replays 2·m·vpp tasks per stage: the caller keeps m to a few per stage
+    (:data:`FSDP_REPLAY_MAX_M`). Returns (step, per stage (start of its first task, end of its last, start of
+    its optimizer))."""
     if m is None:
         m = plan.num_microbatches
     pp = plan.pp
-    # the steady state comes after the warm-up: three counts a group of pp apart, congruent to m
-    # modulo pp (the interleaved schedule's period), fold when their replays cost less than m's and
-    # the third confirms the slope the first two give (else m is replayed in full)
-    base = max(2, -(-8 // pp)) * pp + m % pp
-    counts = (base, base + pp, base + 2 * pp)
-    if sum(counts) < m:
-        runs = [_fsdp_pipeline_s(plan, k) for k in counts]
-        steps = [r[0] for r in runs]
-        if abs((steps[2] - steps[1]) - (steps[1] - steps[0])) <= 1e-6 * steps[2]:
-            marks = [tuple(_extrapolate(counts, [r[1][s][i] for r in runs], m) for i in range(3))
-                     for s in range(pp)]
-            return _extrapolate(counts, steps, m), marks     # type: ignore[return-value]
     vpp = plan.vpp
     nv = pp * vpp
     send = plan.pp_send_s
