@@ -61,13 +61,14 @@ def test_every_validation_case_runs_and_is_compared():
 
 def test_the_analytical_estimate_follows_the_engine_on_every_run():
     """The estimate (same stage costs, no event queue) predicts each published run within 5 points of
-    the engine's error (measured 2026-11-30: within 4.1, median 0.25)."""
+    the engine's error (measured 2026-11-30: within 4.1, median 0.25; 2026-12-02, with the estimate mirroring
+    the engine's ZeRO-3 pipeline and per-stage reduce tails: within 3.45 (kor-07), median 0.12)."""
     est = {x.scenario: x.error_pct for x in validate_scenarios((load_scenario(p) for p in CASES), fmsim.estimate)}
     sim = {x.scenario: x.error_pct for x in rows()}
     gaps = {name: abs(est[name] - err) for name, err in sim.items()}
     worst = max(gaps, key=gaps.get)
-    assert gaps[worst] <= 5.0, f"{worst}: engine {sim[worst]:+.1f} %, estimate {est[worst]:+.1f} %"
-    assert statistics.median(gaps.values()) <= 1.0
+    assert gaps[worst] <= 4.0, f"{worst}: engine {sim[worst]:+.1f} %, estimate {est[worst]:+.1f} %"
+    assert statistics.median(gaps.values()) <= 0.3
 
 
 def test_korthikanti_table5_mean_error_within_4_percent():
