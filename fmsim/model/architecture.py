@@ -26,6 +26,33 @@ MODEL_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_
               "vocab", "tied_embeddings", "attention", "moe", "source", "params", "active_params",
               "notes", "norm", "bias", "max_seq_len", "family", "mtp_layers", "position_embedding",
               "attention_window")
+
+
+class HashMemo:
+    """Base of a frozen, slotted dataclass whose hash :func:`memoise_hash` keeps: one slot, no field
+    (``dataclasses.fields``, ``repr``, equality, pickling and ``replace`` see only the fields)."""
+
+    __slots__ = ("_hash_memo",)
+
+
+def memoise_hash(cls):
+    """Class decorator (above ``@dataclass(frozen=True, slots=True)`` of a :class:`HashMemo` subclass):
+    the generated ``__hash__`` -- the hash of the fields' tuple -- computed once per object and kept
+    in its slot. The same value as before, so equality and every dict and set behave as they did; the
+    search's caches key on models and workloads many times per plan (25 model hashes per candidate)."""
+    field_hash = cls.__hash__
+
+    def __hash__(self, _field_hash=field_hash, _set=object.__setattr__):
+        try:
+            return self._hash_memo
+        except AttributeError:
+            h = _field_hash(self)
+            _set(self, "_hash_memo", h)
+            return h
+
+    __hash__.__doc__ = field_hash.__doc__
+    cls.__hash__ = __hash__
+    return cls
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim")
 WINDOW_KEYS = ("size", "kind", "full_every")
 WINDOW_KINDS = ("sliding", "chunked")
@@ -108,8 +135,9 @@ class AttentionWindow:
         return window_pairs(s, 0, w) / s
 
 
+@memoise_hash
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
+class ModelSpec(HashMemo):
     """A decoder-only transformer, as the catalog and scenario files describe it.
 
     ``num_params`` / ``num_active_params`` count what published totals count: embeddings, every

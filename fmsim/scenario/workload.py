@@ -11,7 +11,7 @@ from typing import Any
 
 from ..catalog import Catalog
 from ..errors import ConfigError
-from ..model.architecture import ModelSpec, model_from_mapping
+from ..model.architecture import HashMemo, ModelSpec, memoise_hash, model_from_mapping
 from ..model.fusion import CUDA_GRAPHS, KERNEL_FUSIONS
 from ..units import parse_count
 from .reader import _MISSING, _Section, _relocate, _what, float_number
@@ -63,8 +63,9 @@ MAX_TOKENS_PER_STEP = 10**12   # seq_len x global_batch
 MAX_SEQ_LEN = 10**8            # tokens per sequence
 
 
+@memoise_hash
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Workload:
+class Workload(HashMemo):
     """What runs: the kind, the model, its precision and batch geometry.
 
     ``seq_len`` and ``global_batch`` are 0 when the kind does not use them (inference, rl).

@@ -5,7 +5,8 @@ base scenario, the catalog, and the clusters it has checked already (one per ins
 For a plan key it derives the variant as :func:`fmsim.scenario.with_plan` does (one
 :class:`~fmsim.scenario.variants.PlanVariants` per evaluator) -- the scenario reader's own
 checks of what changed, so a plan refused here is refused when its file is loaded, with the same
-message -- and costs it with :func:`fmsim.estimate`. What comes back is a plain, JSON-able record:
+message -- and costs it with :func:`fmsim.estimate`'s training estimate, asked for its lean result
+(every column and the bottleneck; not the per-stage details the record would drop). What comes back is a plain, JSON-able record:
 
 * ``{"status": "ok", "row": ..., "why": ...}``: the result columns (``Result.to_dict()``, as
   ``fmsim run --csv`` writes them, priced under the base scenario's pricing) and the bottleneck sentence;
@@ -60,11 +61,13 @@ class Evaluator:
                                      dp_shard="auto")
 
     def __call__(self, key: Sequence) -> dict[str, Any]:
-        from .. import api
+        # the training kinds' estimate (fmsim.estimate's, api._pretrain_estimate) asked for the lean
+        # result: the same row and bottleneck, without the details a record leaves out
+        from ..workloads.pretrain import estimate_pretrain
 
         try:
             sc = self.variant(key)
-            res = api.estimate(sc)
+            res = estimate_pretrain(sc, lean=True)
         except FmsimError as exc:
             return {"status": "rule", "field": getattr(exc, "field", None) or "",
                     "reason": getattr(exc, "message", None) or str(exc)}

@@ -279,7 +279,12 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
     return worst, f"{share:.0%} of the step is {advice}"
 
 
-def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, details: dict[str, Any]) -> Result:
+def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, details: dict[str, Any],
+                lean: bool = False) -> Result:
+    """The result of ``sc`` run with ``plan`` at ``step`` seconds. ``lean`` (the plan search): every
+    metric (the CSV row) and breakdown as in full, but ``details`` holds only what the search reads --
+    ``engine``, ``bottleneck`` and, for a plan that does not fit, ``memory_error`` -- not the per-stage
+    memory, checkpoint, storage, offload and price-source figures it would throw away."""
     from ..cost import price_for
 
     # storage and failures (storage_run.py): the data-loading stall joins the step, the run's goodput
@@ -351,7 +356,8 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     }
     det = dict(details)
     det["bottleneck"] = sentence
-    det.update(run.details())
+    if not lean:
+        det.update(run.details())
     if not hbm_fits:
         # the typed error a strict caller would raise (plan.memory[s].require_fit); kept as text so
         # what-if faces can still show the step time of a plan that needs a bigger GPU
@@ -362,11 +368,12 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
     elif not host_fits:
         det["memory_error"] = (f"offloaded activations need {format_bytes(host_need)} of host memory per node "
                                f"of {format_bytes(host_have)} (expected fewer offloaded layers)")
-    if host_need:
+    if host_need and not lean:
         det["activation_offload"] = {"layers": plan.offload_layers, "host_bytes_per_gpu": mem[worst].host_offload,
                                      "host_bytes_per_node": host_need, "host_memory_per_node": host_have}
-    det["memory_by_stage"] = [m.as_dict() for m in mem]
-    det["price_source"] = price.source
+    if not lean:
+        det["memory_by_stage"] = [m.as_dict() for m in mem]
+        det["price_source"] = price.source
     return Result(scenario=sc.name, kind=sc.workload.kind, instance=plan.instance.name, nodes=nodes,
                   gpus=plan.gpus, usd_per_hour=price.usd_per_hour * nodes if price.usd_per_hour else None,
                   price_date=price.date, metrics=metrics, breakdown=breakdown, memory=mem[worst].as_dict(),
@@ -428,11 +435,12 @@ def simulate_pretrain(sc, *, trace_path: str | None = None, contention: bool = T
     return make_result(sc, plan, step, breakdown, details=details)
 
 
-def estimate_pretrain(sc) -> Result:
-    """Analytical estimate (``fmsim.estimate``): same cost functions, no event queue."""
+def estimate_pretrain(sc, *, lean: bool = False) -> Result:
+    """Analytical estimate (``fmsim.estimate``): same cost functions, no event queue. ``lean``: the
+    plan search's record (:func:`make_result`)."""
     plan = build_plan(sc)
     step, breakdown = estimate_step(plan)
-    return make_result(sc, plan, step, breakdown, details={"engine": "analytical"})
+    return make_result(sc, plan, step, breakdown, details={"engine": "analytical"}, lean=lean)
 
 
 def write_trace(run: RunResult, path: str, plan: Plan, folded: Mapping[str, Any] | None = None) -> None:
