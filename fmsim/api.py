@@ -24,6 +24,9 @@ class Workload:
     simulate: Callable[..., Result]  # (scenario, *, trace_path) -> Result
     estimate: Callable[[Any], Result]  # (scenario) -> Result
     check: Callable[[Any], None] | None = None
+    #: (scenario) -> Result with the same row and bottleneck and only the details a search record keeps
+    #: (None: the kind has no lean result, and ``estimate(sc, lean=True)`` gives the whole one)
+    estimate_lean: Callable[[Any], Result] | None = None
 
 
 WORKLOADS: dict[str, Workload] = {}
@@ -46,6 +49,12 @@ def _pretrain_estimate(sc):
     from .workloads.pretrain import estimate_pretrain
 
     return estimate_pretrain(sc)
+
+
+def _pretrain_estimate_lean(sc):
+    from .workloads.pretrain import estimate_pretrain
+
+    return estimate_pretrain(sc, lean=True)
 
 
 def _inference_simulate(sc, *, trace_path=None):
@@ -84,8 +93,8 @@ def _rl_check(sc):
     check_rl_sections(sc)
 
 
-register("pretrain", Workload(_pretrain_simulate, _pretrain_estimate))
-register("finetune", Workload(_pretrain_simulate, _pretrain_estimate))
+register("pretrain", Workload(_pretrain_simulate, _pretrain_estimate, estimate_lean=_pretrain_estimate_lean))
+register("finetune", Workload(_pretrain_simulate, _pretrain_estimate, estimate_lean=_pretrain_estimate_lean))
 register("inference", Workload(_inference_simulate, _inference_estimate, _inference_check))
 register("rl", Workload(_rl_simulate, _rl_estimate, _rl_check))
 
@@ -106,9 +115,12 @@ def simulate(sc, *, trace_path: str | None = None) -> Result:
     return _workload(sc).simulate(sc, trace_path=trace_path)
 
 
-def estimate(sc) -> Result:
-    """Analytical estimate of ``sc``: same cost functions, no event queue."""
-    return _workload(sc).estimate(sc)
+def estimate(sc, *, lean: bool = False) -> Result:
+    """Analytical estimate of ``sc``: same cost functions, no event queue. ``lean``: the same row and
+    bottleneck without the per-stage details (what a plan search keeps of each candidate), where the kind
+    has such a result."""
+    w = _workload(sc)
+    return (w.estimate_lean if lean and w.estimate_lean is not None else w.estimate)(sc)
 
 
 def check_sections(sc) -> None:

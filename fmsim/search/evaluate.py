@@ -61,13 +61,13 @@ class Evaluator:
                                      dp_shard="auto")
 
     def __call__(self, key: Sequence) -> dict[str, Any]:
-        # the training kinds' estimate (fmsim.estimate's, api._pretrain_estimate) asked for the lean
-        # result: the same row and bottleneck, without the details a record leaves out
-        from ..workloads.pretrain import estimate_pretrain
+        # fmsim.estimate asked for the lean result: the same row and bottleneck, without the details a record
+        # leaves out
+        from ..api import estimate
 
         try:
             sc = self.variant(key)
-            res = estimate_pretrain(sc, lean=True)
+            res = estimate(sc, lean=True)
         except FmsimError as exc:
             return {"status": "rule", "field": getattr(exc, "field", None) or "",
                     "reason": getattr(exc, "message", None) or str(exc)}
