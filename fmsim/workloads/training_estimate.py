@@ -119,7 +119,7 @@ def _replay_tasks(schedule: str, pp: int, vpp: int, m: int, s: int) -> tuple:
     return tuple(out)
 
 
-def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
+def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None, durs: tuple | None = None) -> float:
     """One stage's ZeRO-3/FSDP step as the engine runs it, task by task: each task waits for its own
     gather, issued when the task two back has finished (one task of prefetch); each backward's
     reduce-scatter follows it on a stream of its own; a task runs slower beside the traffic next to it;
@@ -127,13 +127,14 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     (:class:`_SharedLink`), so a gather issued beside a reduce-scatter takes longer.
     Pipeline waits are left to the caller (:func:`_fsdp_pipeline_s` replays them). Past a few dozen
     micro-batches the chain's steady state is folded: it is replayed for fewer and extrapolated
-    (:func:`fold_counts`), exactly. ``m``: the micro-batches replayed (the plan's by default)."""
+    (:func:`fold_counts`), exactly. ``m``: the micro-batches replayed (the plan's by default); ``durs``:
+    the stage's :func:`_fsdp_task_s`, where the caller has it."""
     if m is None:
         m = plan.num_microbatches
     vpp = plan.vpp
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     # each chunk's task durations, worked out once (every task of a chunk lasts the same)
-    fwd_dur, bwd_dur = _fsdp_task_s(plan, s)
+    fwd_dur, bwd_dur = durs if durs is not None else _fsdp_task_s(plan, s)
     if g + r <= min(min(fwd_dur), min(bwd_dur)):
         # every task outlasts a gather and a reduce-scatter back to back: what a task end hands the links
         # (the gather two tasks on, its own reduce-scatter) is done by the next task end, so no task but
@@ -142,7 +143,7 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
         return g + m * sum(map(sum, (fwd_dur, bwd_dur))) + r
     counts = fold_counts(m, plan.pp)
     if m > FOLD_ABOVE and sum(counts) < m:
-        chains = [_fsdp_chain_s(plan, s, k) for k in counts]
+        chains = [_fsdp_chain_s(plan, s, k, (fwd_dur, bwd_dur)) for k in counts]
         return _extrapolate(counts, chains, m)
     link = _SharedLink(r, 1e-12 * (g + r))
     ag = comp = 0.0
@@ -157,7 +158,8 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None) -> float:
     return max(comp, link.drain())
 
 
-def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tuple[float, float, float]]]:
+def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
+                     durs: list | None = None) -> tuple[float, list[tuple[float, float, float]]]:
     """A ZeRO-3/FSDP pipeline's step as the engine runs it: every stage's chain (:func:`_fsdp_chain_s`)
     replayed together with the pipeline's own waits -- a forward waits for the previous virtual stage's
     activation, a backward for the next one's gradient, each a send later, and (without p2p overlap) a
@@ -166,7 +168,7 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tupl
     one stage's chain. The sends take ``pp_send_s`` (their share of the links beside the gathers is not
     replayed). It replays 2·m·vpp tasks per stage: the caller keeps m to a few per stage
     (:data:`FSDP_REPLAY_MAX_M`). Returns (step, per stage (start of its first task, end of its last, start of
-    its optimizer))."""
+    its optimizer)). ``durs``: every stage's :func:`_fsdp_task_s`, where the caller has them."""
     if m is None:
         m = plan.num_microbatches
     pp = plan.pp
@@ -175,7 +177,8 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None) -> tuple[float, list[tupl
     send = plan.pp_send_s
     own = not plan.overlap_pp_comm
     tasks = [_replay_tasks(plan.schedule, pp, vpp, m, s) for s in range(pp)]
-    durs = [_fsdp_task_s(plan, s) for s in range(pp)]
+    if durs is None:
+        durs = [_fsdp_task_s(plan, s) for s in range(pp)]
     gs = [plan.dp_gather_s[s] / vpp for s in range(pp)]
     links = [_SharedLink(sum(plan.dp_buckets[s]) / vpp, 1e-12 * (gs[s] + sum(plan.dp_buckets[s]) + 1e-30))
              for s in range(pp)]
@@ -242,10 +245,12 @@ def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
     fwd_dur, bwd_dur = [], []
+    stages, pp = plan.stages, plan.pp
     for c in range(vpp):
-        st = plan.virtual_stage(s, c)
-        fwd_dur.append(st.fwd_s * jit + (sm * min(st.fwd_s, g) if g > 0 else 0.0))
-        bwd_dur.append(st.bwd_s * jit + (sm * min(st.bwd_s, g + r) if g > 0 or r > 0 else 0.0))
+        st = stages[c * pp + s]
+        f, b = st.fwd_s, st.bwd_s
+        fwd_dur.append(f * jit + (sm * min(f, g) if g > 0 else 0.0))
+        bwd_dur.append(b * jit + (sm * min(b, g + r) if g > 0 or r > 0 else 0.0))
     return fwd_dur, bwd_dur
 
 
@@ -324,11 +329,12 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     fsdp = plan.zero >= 3
     replayed = None             # the step of a replayed ZeRO-3/FSDP pipeline (_fsdp_pipeline_s)
     per_stage = []
+    durs = [_fsdp_task_s(plan, s) for s in range(pp)] if fsdp else None
     for s in range(pp):
         if fsdp:
             # ZeRO-3/FSDP: every task runs slower beside the traffic next to it, on every stage (the fill
             # and drain included)
-            per_stage.append(sum(sum(d) for d in _fsdp_task_s(plan, s)))
+            per_stage.append(sum(sum(d) for d in durs[s]))
         else:
             per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
                                        for c in range(vpp)))
@@ -369,7 +375,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         # FSDP: per task one all-gather (forward and backward) and per backward one reduce-scatter,
         # on their own streams over the same links, replayed task by task (_fsdp_chain_s): what the
         # chain takes beyond the stage's compute is exposed data-parallel time
-        dp_exposed = max(0.0, _fsdp_chain_s(plan, crit) - m * per_stage[crit])
+        dp_exposed = max(0.0, _fsdp_chain_s(plan, crit, None, durs[crit]) - m * per_stage[crit])
         gather = 0.0
         # the critical stage's own slowdown beside its traffic is data-parallel cost (as the DES's
         # breakdown counts it), not compute: moved from the pipeline term to the data-parallel one
@@ -383,7 +389,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         # chain is the step within 3 %, bench/estimate_vs_des.py); it costs a replay of every stage
         once = (plan.dp_gather_s[crit] + sum(plan.dp_buckets[crit])) / vpp
         if 1 < pp and m <= FSDP_REPLAY_MAX_M * pp and dp_exposed - once > FSDP_REPLAY_ABOVE * m * per_stage[crit]:
-            replayed, marks = _fsdp_pipeline_s(plan)
+            replayed, marks = _fsdp_pipeline_s(plan, None, durs)
             first, last, opt_start = marks[crit]
             dp_exposed = max(0.0, opt_start - last - _straggle_wait_s(plan, crit)) + (first if crit == 0 else 0.0)
         dp_exposed += slowed
@@ -428,18 +434,16 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     opt = plan.optimizer_s[crit]
     straggle = _straggle_wait_s(plan, crit)
     step = pipeline + dp_exposed + gather + opt + straggle if replayed is None else replayed
-    comp = sum(m * (plan.virtual_stage(crit, c).fwd_compute_s + plan.virtual_stage(crit, c).bwd_compute_s)
-               for c in range(vpp))
-    rec = sum(m * plan.virtual_stage(crit, c).recompute_s for c in range(vpp))
+    cs = [plan.virtual_stage(crit, c) for c in range(vpp)]
+    comp = sum(m * (st.fwd_compute_s + st.bwd_compute_s) for st in cs)
+    rec = sum(m * st.recompute_s for st in cs)
     out = {"compute": comp, "recompute": rec}
     for k in ("tp", "cp", "ep", "offload"):
-        v = sum(m * (plan.virtual_stage(crit, c).fwd_comm.get(k, 0.0) + plan.virtual_stage(crit, c).bwd_comm.get(k, 0.0))
-                for c in range(vpp))
+        v = sum(m * (st.fwd_comm.get(k, 0.0) + st.bwd_comm.get(k, 0.0)) for st in cs)
         if v:
             out[f"comm_{k}"] = v
     out["comm_dp"] = max(0.0, dp_exposed + gather) + sum(
-        m * (plan.virtual_stage(crit, c).fwd_comm.get("dp", 0.0) + plan.virtual_stage(crit, c).bwd_comm.get("dp", 0.0))
-        for c in range(vpp))
+        m * (st.fwd_comm.get("dp", 0.0) + st.bwd_comm.get("dp", 0.0)) for st in cs)
     if own_sends:
         out["comm_pp"] = own_sends
     if straggle or plan.straggler_cv:
