@@ -204,6 +204,8 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
             ts, k, e_s = tasks[s], ptr[s], ends[s]
             fwd_dur, bwd_dur = durs[s]
             g, link = gs[s], links[s]
+            waiting = link.waiting
+            lone = g > link.eps         # a gather _SharedLink.gather's first step may answer
             a_s, c_s, w_s = ag[s], comp[s], sent[s]
             n = len(ts)
             while k < n:
@@ -217,7 +219,18 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
                 else:
                     dep = 0.0
                 if g > 0:
-                    a_s = link.gather(max(a_s, e_s[k - 2] if k >= 2 else 0.0), g)
+                    start = max(a_s, e_s[k - 2] if k >= 2 else 0.0)
+                    # _SharedLink.gather's first step inline (nothing in flight, nothing arriving before
+                    # the gather ends: it runs alone), the call otherwise
+                    if lone and link.rs_w <= 0.0:
+                        rs_t = link.rs_t
+                        a_s = (start if start > rs_t else rs_t) + g
+                        if link.head == len(waiting) or waiting[link.head] >= a_s:
+                            link.rs_t = a_s
+                        else:
+                            a_s = link.gather(start, g)
+                    else:
+                        a_s = link.gather(start, g)
                 begin = max(c_s, a_s, dep, w_s)
                 if k == 0:
                     first[s] = begin
@@ -225,7 +238,7 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
                     c_s = begin + fwd_dur[c]
                 else:
                     c_s = begin + bwd_dur[c]
-                    link.reduce(c_s)
+                    waiting.append(c_s)         # link.reduce(c_s)
                 done[me] = c_s
                 w_s = c_s + send if (own and has_send) else 0.0
                 e_s.append(c_s)
