@@ -59,36 +59,39 @@ class _SharedLink:
         if rs_w <= 0.0 and g > eps:
             # nothing in flight: unless a reduce-scatter arrives before it would end, the gather runs
             # alone from when it may start (what the loops below give, in fewer steps)
-            now = start if start > rs_t else rs_t
-            end = now + g
+            end = (rs_t if rs_t > start else start) + g
             if head == len(waiting) or waiting[head] >= end:
                 self.rs_t = end
                 return end
+        # (max and min spelt as the comparisons they make: the same answers, fewer calls)
         # the reduce-scatters alone until the gather starts ...
         while rs_t < start:
             if rs_w <= 0.0:
                 if head == len(waiting) or waiting[head] >= start:
                     rs_t = start
                     break
-                rs_t, rs_w = max(rs_t, waiting[head]), r
+                w = waiting[head]
+                rs_t, rs_w = (w if w > rs_t else rs_t), r
                 head += 1
-            dt = min(rs_w, start - rs_t)
+            dt = start - rs_t
+            dt = dt if dt < rs_w else rs_w
             rs_w -= dt
             rs_t += dt
             if rs_w <= eps:
                 rs_w, self.rs_end = 0.0, rs_t
         # ... then the gather, at half rate beside one
-        left, now = g, max(start, rs_t)
+        left, now = g, (rs_t if rs_t > start else start)
         while left > eps:
             if rs_w > 0.0:
-                dt = min(left, rs_w)
+                dt = rs_w if rs_w < left else left
                 left -= dt
                 rs_w -= dt
                 now += 2.0 * dt
                 if rs_w <= eps:
                     rs_w, self.rs_end = 0.0, now
             elif head < len(waiting) and waiting[head] < now + left:
-                arrive = max(now, waiting[head])
+                w = waiting[head]
+                arrive = w if w > now else now
                 left -= arrive - now
                 now, rs_w = arrive, r
                 head += 1
@@ -219,19 +222,26 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
                 else:
                     dep = 0.0
                 if g > 0:
-                    start = max(a_s, e_s[k - 2] if k >= 2 else 0.0)
+                    start = e_s[k - 2] if k >= 2 else 0.0
+                    start = start if start > a_s else a_s       # max(a_s, start)
                     # _SharedLink.gather's first step inline (nothing in flight, nothing arriving before
                     # the gather ends: it runs alone), the call otherwise
                     if lone and link.rs_w <= 0.0:
                         rs_t = link.rs_t
-                        a_s = (start if start > rs_t else rs_t) + g
+                        a_s = (rs_t if rs_t > start else start) + g
                         if link.head == len(waiting) or waiting[link.head] >= a_s:
                             link.rs_t = a_s
                         else:
                             a_s = link.gather(start, g)
                     else:
                         a_s = link.gather(start, g)
-                begin = max(c_s, a_s, dep, w_s)
+                begin = c_s                     # max(c_s, a_s, dep, w_s)
+                if a_s > begin:
+                    begin = a_s
+                if dep > begin:
+                    begin = dep
+                if w_s > begin:
+                    begin = w_s
                 if k == 0:
                     first[s] = begin
                 if fwd:
