@@ -20,17 +20,36 @@ FSDP_REPLAY_ABOVE = 0.01
 FSDP_REPLAY_MAX_M = 4
 
 
+#: the last plan :func:`_fwd_bwd` was asked about, with its answer (one entry: a plan is frozen)
+_LAST_FWD_BWD: tuple = (None, (), ())
+
+
+def _fwd_bwd(plan: Plan) -> tuple[list[float], list[float]]:
+    """Every virtual stage's forward and backward seconds (``StageCost.fwd_s``/``bwd_s``, indexed chunk x pp +
+    stage), worked out once per plan: an estimate reads them a few dozen times."""
+    global _LAST_FWD_BWD
+    last = _LAST_FWD_BWD
+    if last[0] is plan:
+        return last[1], last[2]
+    fwd = [st.fwd_s for st in plan.stages]
+    bwd = [st.bwd_s for st in plan.stages]
+    _LAST_FWD_BWD = (plan, fwd, bwd)
+    return fwd, bwd
+
+
 def _straggle_wait_s(plan: Plan, s: int) -> float:
     """Stage ``s``'s wait for the slowest data-parallel replica over the step's micro-batches: the spread
     of a sum of m equal micro-batches is sqrt(m) times one's (no list of 2·vpp·m task times)."""
-    stages = [plan.virtual_stage(s, c) for c in range(plan.vpp)]
-    one = [d for st in stages for d in (st.fwd_s, st.bwd_s)]
+    fwd, bwd = _fwd_bwd(plan)
+    pp = plan.pp
+    one = [d for c in range(plan.vpp) for d in (fwd[c * pp + s], bwd[c * pp + s])]
     return plan.straggler_step_wait_s(one) * math.sqrt(plan.num_microbatches)
 
 
 def _task_jitter_s(plan: Plan, stage: int) -> float:
     """Time a stage's tasks lose waiting for the slowest rank of their synchronising groups."""
-    work = sum(plan.virtual_stage(stage, c).fwd_s + plan.virtual_stage(stage, c).bwd_s for c in range(plan.vpp))
+    fwd, bwd, pp = *_fwd_bwd(plan), plan.pp
+    work = sum(fwd[c * pp + stage] + bwd[c * pp + stage] for c in range(plan.vpp))
     return (plan.straggler_task_factor - 1.0) * plan.num_microbatches * work
 
 
@@ -276,10 +295,9 @@ def _fsdp_task_s(plan: Plan, s: int) -> tuple[list[float], list[float]]:
     g, r = plan.dp_gather_s[s] / vpp, sum(plan.dp_buckets[s]) / vpp
     sm, jit = plan.overlap_slowdown, plan.straggler_task_factor
     fwd_dur, bwd_dur = [], []
-    stages, pp = plan.stages, plan.pp
+    fwd, bwd, pp = *_fwd_bwd(plan), plan.pp
     for c in range(vpp):
-        st = stages[c * pp + s]
-        f, b = st.fwd_s, st.bwd_s
+        f, b = fwd[c * pp + s], bwd[c * pp + s]
         fwd_dur.append(f * jit + (sm * min(f, g) if g > 0 else 0.0))
         bwd_dur.append(b * jit + (sm * min(b, g + r) if g > 0 or r > 0 else 0.0))
     return fwd_dur, bwd_dur
@@ -302,15 +320,16 @@ def _dp_tail_s(plan: Plan, s: int) -> tuple[float, float]:
     # interleaved: chunk c's buckets are reduced from the last micro-batch's backward of chunk c on, and
     # the chunks finish in turn (vpp-1 first), a group of pp backwards apart: the stream works through
     # them behind the rest of the cool-down, and what it has left when the last backward ends is exposed
+    bwd = _fwd_bwd(plan)[1]
     start = free = end = slowed = 0.0
     for c in reversed(range(vpp)):
-        b_c = plan.virtual_stage(s, c).bwd_s
+        b_c = bwd[c * pp + s]
         slow = sm * min(b_c * (nb - 1) / nb, r * (nb - 1) / nb) if nb > 1 else 0.0
         free = max(free, start + b_c / nb) + r
         end = start + b_c + slow
         slowed += slow
         if c:
-            start = end + (pp - 1) * plan.virtual_stage(s, c - 1).bwd_s
+            start = end + (pp - 1) * bwd[(c - 1) * pp + s]
     return max(0.0, free - end), slowed
 
 
@@ -324,12 +343,13 @@ def _chunk_gather_wait_s(plan: Plan) -> float:
         return 0.0
     jit, send = plan.straggler_task_factor, plan.pp_send_s
     first = plan.dp_gather_s[0] / vpp / max(1, len(plan.dp_buckets[0]) // vpp)
+    fwd = _fwd_bwd(plan)[0]
     free = waited = first
     for v in range(pp * vpp):
         s, c = v % pp, v // pp
         chunk = plan.dp_gather_s[s] / vpp
         waited = max(waited, c * chunk + chunk / max(1, len(plan.dp_buckets[s]) // vpp))
-        step = jit * plan.virtual_stage(s, c).fwd_s + send
+        step = jit * fwd[v] + send
         free += step
         waited += step
     return waited - free
@@ -339,7 +359,8 @@ def _gather_slowdown_s(plan: Plan, s: int) -> float:
     """How much slower stage ``s``'s first forwards run beside its overlapped parameter gather (all
     buckets but the first, which they wait for), as the engine slows them."""
     g, nb = plan.dp_gather_s[s], max(1, len(plan.dp_buckets[s]))
-    first_fwd = sum(plan.virtual_stage(s, c).fwd_s for c in range(plan.vpp))
+    fwd, pp = _fwd_bwd(plan)[0], plan.pp
+    first_fwd = sum(fwd[c * pp + s] for c in range(plan.vpp))
     return plan.overlap_slowdown * min(first_fwd, g * (nb - 1) / nb)
 
 
@@ -360,6 +381,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
     fsdp = plan.zero >= 3
     replayed = None             # the step of a replayed ZeRO-3/FSDP pipeline (_fsdp_pipeline_s)
     per_stage = []
+    fwd, bwd = _fwd_bwd(plan)
     durs = [_fsdp_task_s(plan, s) for s in range(pp)] if fsdp else None
     for s in range(pp):
         if fsdp:
@@ -367,8 +389,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             # and drain included)
             per_stage.append(sum(sum(d) for d in durs[s]))
         else:
-            per_stage.append(jit * sum(plan.virtual_stage(s, c).fwd_s + plan.virtual_stage(s, c).bwd_s
-                                       for c in range(vpp)))
+            per_stage.append(jit * sum(fwd[c * pp + s] + bwd[c * pp + s] for c in range(vpp)))
     slow = max(per_stage)
     crit = per_stage.index(slow)
     fill = (sum(per_stage) - slow) / vpp
@@ -410,8 +431,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
         gather = 0.0
         # the critical stage's own slowdown beside its traffic is data-parallel cost (as the DES's
         # breakdown counts it), not compute: moved from the pipeline term to the data-parallel one
-        slowed = m * (per_stage[crit] - jit * sum(plan.virtual_stage(crit, c).fwd_s + plan.virtual_stage(crit, c).bwd_s
-                                                  for c in range(vpp)))
+        slowed = m * (per_stage[crit] - jit * sum(fwd[c * pp + crit] + bwd[c * pp + crit] for c in range(vpp)))
         pipeline -= slowed
         # beyond the first gather and the last reduce-scatter (exposed once whatever the pipeline), the
         # stage waits on its traffic: then the waits pass along the pipeline, which the stages' chains
@@ -460,7 +480,7 @@ def estimate_step(plan: Plan) -> tuple[float, dict[str, float]]:
             for s in range(pp):
                 last = max(last, tails[s][0] + plan.optimizer_s[s]
                            + (plan.dp_gather_s[s] if after else 0.0) - below)
-                below += jit * plan.virtual_stage(s, 0).bwd_s + plan.pp_send_s
+                below += jit * bwd[s] + plan.pp_send_s
             dp_exposed += last - (tail + plan.optimizer_s[crit] + (gather if after else 0.0))
     opt = plan.optimizer_s[crit]
     straggle = _straggle_wait_s(plan, crit)
