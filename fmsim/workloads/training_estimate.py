@@ -218,12 +218,13 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
     comp = [0.0] * pp
     sent = [0.0] * pp          # when the stage's last task's send has gone (0: none to wait for)
     first = [0.0] * pp
-    ends: list[list[float]] = [[] for _ in range(pp)]
+    prev = [(0.0, 0.0)] * pp    # the ends of each stage's last two tasks (0: none yet)
     left = sum(len(t) for t in tasks)
     while left:
         moved = False
         for s in range(pp):
-            ts, k, e_s = tasks[s], ptr[s], ends[s]
+            ts, k = tasks[s], ptr[s]
+            e1, e2 = prev[s]
             fwd_dur, bwd_dur = durs[s]
             g, link = gs[s], links[s]
             waiting = link.waiting
@@ -241,8 +242,7 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
                 else:
                     dep = 0.0
                 if g > 0:
-                    start = e_s[k - 2] if k >= 2 else 0.0
-                    start = start if start > a_s else a_s       # max(a_s, start)
+                    start = e2 if e2 > a_s else a_s     # max(a_s, the task two back's end)
                     # _SharedLink.gather's first step inline (nothing in flight, nothing arriving before
                     # the gather ends: it runs alone), the call otherwise
                     if lone and link.rs_w <= 0.0:
@@ -270,12 +270,12 @@ def _fsdp_pipeline_s(plan: Plan, m: int | None = None,
                     waiting.append(c_s)         # link.reduce(c_s)
                 done[me] = c_s
                 w_s = c_s + send if (own and has_send) else 0.0
-                e_s.append(c_s)
+                e2, e1 = e1, c_s
                 k += 1
             if k != ptr[s]:
                 left -= k - ptr[s]
                 moved = True
-                ptr[s], ag[s], comp[s], sent[s] = k, a_s, c_s, w_s
+                ptr[s], ag[s], comp[s], sent[s], prev[s] = k, a_s, c_s, w_s, (e1, e2)
         if not moved:
             raise RuntimeError("FSDP pipeline replay: schedule deadlock")
     step = 0.0
