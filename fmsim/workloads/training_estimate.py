@@ -176,15 +176,15 @@ def _fsdp_chain_s(plan: Plan, s: int, m: int | None = None, durs: tuple | None =
         chains = [_fsdp_chain_s(plan, s, k, (fwd_dur, bwd_dur)) for k in counts]
         return _extrapolate(counts, chains, m)
     link = _SharedLink(r, 1e-12 * (g + r))
-    ag = comp = 0.0
-    ends: list[float] = []
-    for k, t in enumerate(schedule_tasks(plan.schedule, plan.pp, vpp, m, s)):
+    ag = comp = e1 = e2 = 0.0           # e1, e2: the last two tasks' ends (0: none yet)
+    gather, waiting = link.gather, link.waiting
+    for fwd, c, *_ in _replay_tasks(plan.schedule, plan.pp, vpp, m, s):
         if g > 0:
-            ag = link.gather(max(ag, ends[k - 2] if k >= 2 else 0.0), g)
-        comp = max(comp, ag) + (fwd_dur if t.kind == "F" else bwd_dur)[t.chunk]
-        ends.append(comp)
-        if t.kind == "B" and r > 0:
-            link.reduce(comp)
+            ag = gather(e2 if e2 > ag else ag, g)          # max(ag, e2)
+        comp = (ag if ag > comp else comp) + (fwd_dur if fwd else bwd_dur)[c]
+        e2, e1 = e1, comp
+        if not fwd and r > 0:
+            waiting.append(comp)            # link.reduce(comp)
     return max(comp, link.drain())
 
 
