@@ -118,6 +118,16 @@ class _Section:
             return default
         return self._value(key)
 
+    def joined_text(self, key: str, sep: str) -> str:
+        """Free text (``notes``, ``source``, ``family``): a string, or a list of strings joined with ``sep``;
+        "" when absent."""
+        value = self.raw(key, "")
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return sep.join(value)
+        if not isinstance(value, str):
+            raise self.err(key, f"got {_what(value)} (expected text, or a list of texts)")
+        return value
+
     def text(self, key: str, default: Any = _MISSING, *, nonempty: bool = False) -> Any:
         if not self.has(key) and default is not _MISSING:
             return default

@@ -46,12 +46,7 @@ class _Entry(_Section):
 
     def notes(self, key: str = "notes") -> str:
         """Free text kept beside the figures (``notes:``, ``note:``); a list of texts is joined."""
-        value = self.raw(key, "")
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return " ".join(value)
-        if not isinstance(value, str):
-            raise self.err(key, f"got {_what(value)} (expected text)")
-        return value
+        return self.joined_text(key, " ")
 
     def get(self, key: str, default: Any = _MISSING) -> Any:
         return self.raw(key, default)

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Instance, data_root
+from .. import catalog as _catalog
+from ..catalog import Instance
 from ..catalog.files import entries, read_folder
 from ..errors import ConfigError
 
@@ -124,10 +125,16 @@ _NORMAL_KEYS = ("tokens", "hidden", "top_k", "nvlink_line_gbps", "rdma_line_gbps
 _LL_KEYS = ("tokens", "hidden", "top_k", "rdma_line_gbps", "table", "source")
 
 
-@functools.lru_cache(maxsize=4)
 def dispatch_catalog(root: str | None = None) -> DispatchCatalog:
-    """The figures of ``hardware_catalog/dispatch.yaml`` (cached; ``root`` as :func:`fmsim.catalog.load_catalog`)."""
-    base = Path(root) if root else data_root()
+    """The figures of ``hardware_catalog/dispatch.yaml`` (cached per tree; ``root`` as
+    :func:`fmsim.catalog.load_catalog`: the data root is looked up at each call, so a tree read once is never
+    taken for another)."""
+    return _dispatch_catalog_at(str(Path(root) if root else _catalog.data_root()))
+
+
+@functools.lru_cache(maxsize=4)
+def _dispatch_catalog_at(root: str) -> DispatchCatalog:
+    base = Path(root)
     hw = read_folder(base / "hardware_catalog")
     protos = {}
     for n, e in entries(hw, "nccl_protocols", _PROTO_KEYS, "NCCL protocol"):

@@ -417,16 +417,6 @@ def _width(s: _Section, key: str, default: Any = _MISSING, *, minimum: int = 1, 
     return s.integer(key, default, minimum=minimum, maximum=maximum)
 
 
-def _text_or_list(s: _Section, key: str) -> str:
-    """Free text (``source``, ``notes``, ``family``): a string, or a list of strings joined with "; "."""
-    value = s.raw(key, "")
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "; ".join(value)
-    if not isinstance(value, str):
-        raise s.err(key, f"got {_what(value)} (expected text, or a list of texts)")
-    return value
-
-
 def _mla(s: _Section) -> MLASpec:
     att = s.section("attention", ("kind", *MLA_KEYS), what=_ATTENTION_WHAT)
     assert att is not None
@@ -548,8 +538,8 @@ def model_from_mapping(data: Any, *, name: str | None = None, file: str | None =
     window = _window(s, layers=layers) if s.has("attention_window") else None
 
     for key in ("notes", "family"):
-        _text_or_list(s, key)
-    source = _text_or_list(s, "source")
+        s.joined_text(key, "; ")
+    source = s.joined_text("source", "; ")
     if require_source and not source.strip():
         raise s.err("source", "is required (every catalog number needs a source)")
 
