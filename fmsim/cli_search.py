@@ -191,13 +191,18 @@ def render(res, sc) -> str:
     fr = res.frontier
     shown = fr if len(fr) <= FRONTIER_ROWS else [fr[round(i * (len(fr) - 1) / (FRONTIER_ROWS - 1))]
                                                  for i in range(FRONTIER_ROWS)]
-    lines.append(f"frontier, time to train against cost (estimate; {len(fr)} plans"
+    lines.append(f"frontier, time to train against cost (estimate; {len(fr)} plan{'' if len(fr) == 1 else 's'}"
                  + (f", {len(shown)} shown" if len(shown) < len(fr) else "") + "):")
     lines += [f"  {_line(r, why=False)}" for r in shown] or ["  (no costed plan has a price)"]
     lines.append("")
     if not res.ordered:
-        lines.append("no plan meets the goal" + ("" if res.goal == "frontier" else
-                     " (widen --nodes, --instances or the goal)"))
+        if res.goal == "frontier":
+            lines.append("no plan meets the goal")
+            return "\n".join(lines)
+        lines.append("no plan meets the goal (widen --nodes, --instances or the goal; the global batch is held at "
+                     f"the scenario's {sc.workload.global_batch:,} sequences: --set workload.global_batch=N to "
+                     "change it); nearest per instance type:")
+        lines += [f"  {text}" for text in _missed(res)]
         return "\n".join(lines)
     label = "cheapest in time" if res.goal.startswith("deadline") else "fastest"
     missed = refuted(res)
