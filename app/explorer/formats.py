@@ -10,6 +10,8 @@ import math
 import re
 from typing import Any
 
+from fmsim.units import format_bytes, format_quantity
+
 
 def finite(x: Any) -> float | None:
     """``x`` as a float when it is a finite number, else None (None, inf, NaN, text)."""
@@ -129,10 +131,9 @@ def fmt_time(s: Any) -> str:
 
 
 def fmt_bytes(b: Any) -> str:
+    """A size as every face writes it (``fmsim.units.format_bytes``: ``80 GiB``, ``85.3 GiB``, ``512 MiB``)."""
     v = finite(b)
-    if v is None:
-        return "-"
-    return f"{v / 2**30:.1f} GiB" if abs(v) >= 2**30 else f"{v / 2**20:.0f} MiB"
+    return "-" if v is None else format_bytes(v)
 
 
 def fmt_pair(a: Any, b: Any) -> str:
@@ -151,7 +152,10 @@ def fmt_fit(need: Any, have: Any) -> str:
         return "-"
     if h is None:
         return fmt_bytes(n)
-    return f"{n / 2**30:.1f} / {h / 2**30:.0f} GiB"
+    tn, th = fmt_bytes(n), fmt_bytes(h)
+    if tn.rpartition(" ")[2] == th.rpartition(" ")[2]:
+        return f"{tn.rpartition(' ')[0]} / {th}"
+    return f"{tn} / {th}"
 
 
 def fmt_usd(x: Any) -> str:
@@ -169,10 +173,8 @@ def fmt_count(x: Any, unit: str = "") -> str:
     v = finite(x)
     if v is None:
         return "-"
-    for p, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {p}{unit}".rstrip()
-    return f"{v:.3g} {unit}".rstrip()
+    text = format_quantity(v, "count")     # one helper for every face: ``1.23 k``, ``45.6 M``, ``512``
+    return f"{text}{unit}" if text[-1:].isalpha() else f"{text} {unit}".rstrip()
 
 
 def fmt_pct(x: Any) -> str:
