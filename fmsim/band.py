@@ -7,7 +7,9 @@ profiles give it (the set real stacks use, :func:`fmsim.stacks.stack_values`, pl
 then runs the two combinations that the one-at-a-time runs say are fastest and slowest. The band is the
 lowest and highest value of each metric over all those runs and the point itself, so it always holds the
 point; the setting whose values alone move the headline metric most is named. Stating a setting (in the
-file or through a stack) removes it from the variations, so the band narrows.
+file or through a stack) removes it from the variations, so the band narrows. A field the file's source
+leaves open (``configuration: {partial: ..., unknown: {path: [values]}}``) is varied over exactly the values
+the file lists, in place of the catalog's.
 
 Every run goes through the analytical estimate (:func:`fmsim.estimate`), so a band costs a few dozen
 estimates -- on demand (``fmsim run --band``, ``fmsim validate --band``), never inside sweeps or search. A
@@ -24,7 +26,8 @@ from . import band_sources
 from .errors import FmsimError
 from .stacks import SETTABLE, lookup, stack_defaults, stack_values
 
-__all__ = ["BAND_COLUMNS", "METRIC_ALIASES", "Band", "band", "band_columns", "components", "release_candidates"]
+__all__ = ["BAND_COLUMNS", "METRIC_ALIASES", "Band", "band", "band_columns", "components", "inherited",
+           "release_candidates", "unknown_candidates"]
 
 #: settings no stack profile states but real runs differ in, with the values they take: in-network
 #: reduction (NVIDIA SHARP) is a fabric fact that MLPerf's and NeMo's SHARP runs switch on
@@ -51,6 +54,9 @@ _LABELS = {"cluster.network.in_network_reduction": "in-network reduction",
            **{sp.key: sp.label for sp in band_sources.SPREADS}}
 #: suffix of a component that varies a setting the file inherits from its stack over its other releases
 RELEASES = "@releases"
+#: suffix of a component that varies a field the file's source leaves open over the values the file lists for
+#: it (``configuration.unknown``)
+UNKNOWN = "@unknown"
 #: a variant value meaning "the path left out": the global default
 DEFAULT = object()
 
@@ -67,6 +73,8 @@ class Band:
     most: str = ""                              # the setting that alone moves the headline most
     swings: Mapping[str, tuple[float, float]] = field(default_factory=dict)   # path -> (low, high) alone
     runs: int = 0
+    refused: tuple[str, ...] = ()               # components one of whose values the reader refused (skipped)
+    names: Mapping[str, str] = field(default_factory=dict)   # a section's unknown -> the fields it varies
 
     def relative(self, metric: str | None = None) -> tuple[float, float]:
         """(low, high) of ``metric`` as fractions of the point (1.0 = the point)."""
@@ -78,6 +86,8 @@ class Band:
 
     def label(self, path: str | None = None) -> str:
         path = path if path is not None else self.most
+        if path.endswith(UNKNOWN):
+            return self.names.get(path, path.removesuffix(UNKNOWN))
         path = path.removesuffix(RELEASES)
         leaf = path.split(".")[-1].replace("_", " ")
         return _LABELS.get(path, f"{leaf} overlap" if ".overlap." in path else leaf)
@@ -87,6 +97,8 @@ class Band:
         stack's other releases ship it``, ``chip speed (mamf-finder spread)``."""
         if not self.most:
             return "nothing it varies moves it"
+        if self.most.endswith(UNKNOWN):
+            return f"{self.label()} unknown (per the file's source)"
         if self.most.endswith(RELEASES):
             return f"{self.label()} as the stack's other releases ship it"
         if self.most.startswith("hardware."):
@@ -147,18 +159,10 @@ def release_candidates(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
     if profile is None:
         return {}
     precision = sc.workload.precision
-    mine = stack_defaults(profile, precision)
-    current = scenario_to_mapping(sc, catalog=catalog)
     siblings = [stack_defaults(p, precision) for n, p in catalog.stacks.items()
                 if n != profile.name and p.family == profile.family and p.kind == profile.kind]
     out: dict[str, tuple[Any, ...]] = {}
-    for path in SETTABLE:
-        value = lookup(mine, path)
-        if value is None:
-            continue
-        now = lookup(current, path)
-        if now is not None and _norm(now) != _norm(value):
-            continue                               # the file departs from its stack: its own statement
+    for path, value in inherited(sc, catalog, scenario_to_mapping(sc, catalog=catalog)).items():
         tried: list[Any] = []
         for d in siblings:
             v = lookup(d, path)
@@ -168,6 +172,42 @@ def release_candidates(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
         if tried:
             out[path] = tuple(tried)
     return out
+
+
+def inherited(sc: Any, catalog: Any, current: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings ``sc`` takes from its stack (path -> the stack's value for its precision): those where
+    the file resolves to the stack's value (``current``: its written-out mapping); a departure is the
+    file's own."""
+    profile = catalog.stacks.get(sc.stack) if sc.stack else None
+    if profile is None:
+        return {}
+    mine = stack_defaults(profile, sc.workload.precision)
+    out: dict[str, Any] = {}
+    for path in SETTABLE:
+        value = lookup(mine, path)
+        now = lookup(current, path)
+        if value is not None and (now is None or _norm(now) == _norm(value)):
+            out[path] = value
+    return out
+
+
+def _restack(data: dict[str, Any], sc: Any, catalog: Any, from_stack: Mapping[str, Any],
+             precision: Any) -> None:
+    """``data`` (``sc`` written out) with the stack's settings for another ``precision``, as the reader would
+    resolve the file with that precision: an inherited setting takes the stack's value for it (the global
+    default where the stack has none), and one the file leaves to the global default takes the stack's where
+    it has one for that precision only (fp8-only settings drop out of a bf16 variant)."""
+    profile = catalog.stacks.get(sc.stack) if sc.stack else None
+    if profile is None:
+        return
+    theirs = stack_defaults(profile, precision)
+    for path in SETTABLE:
+        value = lookup(theirs, path)
+        if path in from_stack or (path not in sc.stated and value is not None):
+            if value is None:
+                _drop(data, path)
+            else:
+                _set(data, path, value)
 
 
 def _metrics(res: Any) -> dict[str, float]:
@@ -184,12 +224,33 @@ def _drop(mapping: dict[str, Any], path: str) -> None:
         node.pop(leaf, None)
 
 
+def unknown_candidates(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
+    """The fields ``sc``'s source leaves open (``configuration.unknown``), each with the values the file lists
+    for it other than the one it resolves to (all of them where the file leaves the field to a default the
+    mapping does not show, such as an engine's)."""
+    from .scenario import scenario_to_mapping, unknown_changes
+
+    if not sc.configuration_unknown:
+        return {}
+    current = scenario_to_mapping(sc, catalog=catalog)
+    out: dict[str, tuple[Any, ...]] = {}
+    for path, values in sc.configuration_unknown.items():
+        tried = tuple(v for v in values if any(_norm(lookup(current, p)) != _norm(x)
+                                               for p, x in unknown_changes(path, v).items()))
+        if tried:
+            out[path] = tried
+    return out
+
+
 def components(sc: Any, catalog: Any) -> dict[str, tuple[Any, ...]]:
     """Every component the band varies, with the values (or factors) it tries: the settings ``sc`` leaves
-    unstated (by path), those it inherits from its stack (``path@releases``) and the hardware figures'
-    sourced spreads (``hardware.*``, :mod:`fmsim.band_sources`)."""
-    out: dict[str, tuple[Any, ...]] = dict(candidates(sc, catalog))
-    out.update({p + RELEASES: v for p, v in release_candidates(sc, catalog).items()})
+    unstated (by path), those it inherits from its stack (``path@releases``), the fields its source leaves
+    open over the values the file lists (``path@unknown``: these replace the first two for their path) and
+    the hardware figures' sourced spreads (``hardware.*``, :mod:`fmsim.band_sources`)."""
+    listed = sc.configuration_unknown
+    out: dict[str, tuple[Any, ...]] = {p: v for p, v in candidates(sc, catalog).items() if p not in listed}
+    out.update({p + RELEASES: v for p, v in release_candidates(sc, catalog).items() if p not in listed})
+    out.update({p + UNKNOWN: v for p, v in unknown_candidates(sc, catalog).items()})
     out.update(band_sources.applicable(sc.cluster.instance))
     return out
 
@@ -199,7 +260,7 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
     ship and its hardware figures' sourced spreads (analytical estimates)."""
     from . import estimate
     from .catalog import load_catalog
-    from .scenario import scenario_from_mapping, scenario_to_mapping
+    from .scenario import scenario_from_mapping, scenario_to_mapping, unknown_changes
 
     cat = catalog if catalog is not None else load_catalog()
     kind = _kind(sc)
@@ -209,20 +270,30 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
     # and a setting left out of it falls to the global default
     base = scenario_to_mapping(sc, catalog=cat)
     base.pop("stack", None)
+    base.pop("configuration", None)      # its unknowns are the band's components, not re-checked per variant
     file = sc.file or "<scenario>"
+    from_stack = inherited(sc, cat, base)
 
     def run(changes: Mapping[str, Any]) -> dict[str, float] | None:
         data = copy.deepcopy(base)
+        unknown: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key.endswith(UNKNOWN):
+                unknown.update(unknown_changes(key.removesuffix(UNKNOWN), value))
+        if "workload.precision" in unknown:
+            _restack(data, sc, cat, from_stack, unknown["workload.precision"])
+        for path, value in unknown.items():
+            _set(data, path, value)
         hw: dict[str, float] = {}
         for key, value in changes.items():
             if key.startswith("hardware."):
                 hw[key] = value
+            elif key.endswith(UNKNOWN):
                 continue
-            path = key.removesuffix(RELEASES)
-            if value is DEFAULT:
-                _drop(data, path)
+            elif value is DEFAULT:
+                _drop(data, key.removesuffix(RELEASES))
             else:
-                _set(data, path, value)
+                _set(data, key.removesuffix(RELEASES), value)
         try:
             variant = sc if data == base else scenario_from_mapping(data, file=file, catalog=cat)
             return _metrics(estimate(band_sources.perturb(variant, hw)))
@@ -230,16 +301,22 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
             return None        # a combination the reader or a workload refuses: not a run anyone made
 
     seen: list[dict[str, float]] = [point]
+    refused: list[str] = []
     swings: dict[str, tuple[float, float]] = {}
     best: dict[str, tuple[float, Any]] = {}
     worst: dict[str, tuple[float, Any]] = {}
     p0 = point.get(headline, 0.0)
     lower_is_faster = kind == "training"         # step time: lower is faster; throughput: higher is
-    for key, values in components(sc, cat).items():
+    parts = components(sc, cat)
+    sections = [k.removesuffix(UNKNOWN) for k in parts if k.endswith(UNKNOWN) and "." not in k]
+    names = {s + UNKNOWN: " and ".join(dict.fromkeys(p for v in parts[s + UNKNOWN]
+                                                     for p in unknown_changes(s, v))) for s in sections}
+    for key, values in parts.items():
         lo = hi = p0
         for value in values:
             got = run({key: value})
             if got is None or headline not in got:
+                refused.append(key)
                 continue
             seen.append(got)
             v = got[headline]
@@ -252,16 +329,21 @@ def band(sc: Any, *, catalog: Any = None) -> Band:
                 worst[key] = (v, value)
         swings[key] = (lo, hi)
     for extreme in (best, worst):
-        if len(extreme) > 1:
-            got = run({k: val for k, (_, val) in extreme.items()})
-            if got is not None:
-                seen.append(got)
+        combos = [{k: val for k, (_, val) in extreme.items()}]
+        # and without the file's unknowns, so that listing them never narrows the band (a value that alone
+        # slows a run by little can speed up the combination: fp16's cheaper gradient reduction)
+        combos.append({k: v for k, v in combos[0].items() if not k.endswith(UNKNOWN)})
+        for combo in combos if len(combos[1]) < len(combos[0]) else combos[:1]:
+            if len(combo) > 1:
+                got = run(combo)
+                if got is not None:
+                    seen.append(got)
     low = {m: min(r[m] for r in seen if m in r) for m in point}
     high = {m: max(r[m] for r in seen if m in r) for m in point}
     moved = {p: hi - lo for p, (lo, hi) in swings.items() if hi > lo}
     most = max(moved, key=lambda p: moved[p]) if moved else ""
     return Band(point=point, low=low, high=high, headline=headline, varied=tuple(swings), most=most,
-                swings=swings, runs=len(seen))
+                swings=swings, runs=len(seen), refused=tuple(dict.fromkeys(refused)), names=names)
 
 
 def band_columns(kind: str, b: Band | None, point: Mapping[str, Any]) -> dict[str, Any]:

@@ -602,10 +602,7 @@ def _print_validation(rows: Sequence[Any], scenarios: Sequence[Any], with_measur
 def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *, band: bool) -> None:
     """The errors of rows whose source states the configuration and of partial ones, side by side, and
     with ``--band`` how often the measurement lies in its prediction's band (fmsim.band), and its width."""
-    import statistics
-    from collections import Counter
-
-    from .validate import band_rows, by_configuration
+    from .validate import band_rows, band_summary, by_configuration
 
     groups = by_configuration(scenarios, rows)
     if set(groups) != {"-"}:
@@ -618,14 +615,8 @@ def _validate_by_configuration(scenarios: Sequence[Any], rows: Sequence[Any], *,
         print(_table(["scenario", "metric", "band", "measured", "inside", "moved most by"],
                      [[b.scenario, b.key, f"{format_column(b.key, b.low)}-{format_column(b.key, b.high)}",
                        format_column(b.key, b.measured), "yes" if b.inside else "no", b.most] for b in brs]))
-        for mark in sorted({b.configuration for b in brs}) + ["all"]:
-            sel = [b for b in brs if mark in ("all", b.configuration)]
-            inside = sum(b.inside for b in sel)
-            print(f"band ({mark}): {inside} of {len(sel)} measured values inside their band "
-                  f"({100 * inside / len(sel):.0f} %), median width +-"
-                  f"{statistics.median(b.half_width_pct for b in sel):.1f} %")
-        tally = Counter(b.most for b in brs).most_common(4)
-        print("band moved most by: " + ", ".join(f"{why} ({n})" for why, n in tally))
+        for line in band_summary(brs):
+            print(line)
 
 
 APP_ENTRY = "Home.py"

@@ -18,6 +18,7 @@ import math
 import os
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -384,12 +385,14 @@ class BandRow:
     inside: bool
     half_width_pct: float       # (high - low) / 2 over the prediction, in %
     most: str = ""              # what moves the band most (fmsim.band.Band.reason)
+    kind: str = ""              # training | serving (the band's stack kind)
+    unknowns: int = 0           # fields the file's configuration.unknown lists
 
 
 def band_rows(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> list[BandRow]:
     """Each compared row's band: the estimate's band of its metric, relative to the estimate's point,
     applied to the row's prediction (``fmsim validate --band``; a few dozen estimates per scenario)."""
-    from .band import METRIC_ALIASES, band
+    from .band import HEADLINE, METRIC_ALIASES, band
 
     by_name = {(sc.file, sc.name): sc for sc in scenarios}
     out: list[BandRow] = []
@@ -409,5 +412,29 @@ def band_rows(scenarios: Sequence[Scenario], rows: Sequence[ValidationRow]) -> l
         low, high = r.predicted * b.low[metric] / p, r.predicted * b.high[metric] / p
         out.append(BandRow(scenario=r.scenario, configuration=sc.configuration or "-", key=r.key, low=low,
                            high=high, measured=r.measured, inside=low <= r.measured <= high,
-                           half_width_pct=100 * (high - low) / 2 / abs(r.predicted), most=b.reason()))
+                           half_width_pct=100 * (high - low) / 2 / abs(r.predicted), most=b.reason(),
+                           kind="serving" if b.headline == HEADLINE["serving"] else "training",
+                           unknowns=len(sc.configuration_unknown)))
     return out
+
+
+def band_summary(brs: Sequence[BandRow]) -> list[str]:
+    """``fmsim validate --band``'s tally lines: inside share and median half-width per ``configuration:``
+    mark, per kind, over the files with ``configuration.unknown`` lists and over all, then what moved the
+    bands."""
+    groups: dict[str, list[BandRow]] = {}
+    for b in brs:
+        for name in (b.configuration, b.kind, *(["with unknown lists"] if b.unknowns else []), "all"):
+            groups.setdefault(name, []).append(b)
+    marks = [*sorted({b.configuration for b in brs}), *sorted({b.kind for b in brs}), "with unknown lists",
+             "all"]
+    lines = []
+    for name in (m for m in marks if m in groups):
+        sel = groups[name]
+        inside = sum(b.inside for b in sel)
+        lines.append(f"band ({name}): {inside} of {len(sel)} measured values inside their band "
+                     f"({100 * inside / len(sel):.0f} %), median width +-"
+                     f"{statistics.median(b.half_width_pct for b in sel):.1f} %")
+    tally = Counter(b.most for b in brs).most_common(4)
+    lines.append("band moved most by: " + ", ".join(f"{why} ({n})" for why, n in tally))
+    return lines

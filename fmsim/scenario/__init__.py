@@ -14,6 +14,7 @@ those kinds validate them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -84,6 +85,7 @@ __all__ = [
     "scenario_from_mapping",
     "plan_cluster",
     "scenario_to_mapping",
+    "unknown_changes",
     "with_plan",
 ]
 
@@ -195,7 +197,7 @@ def scenario_from_mapping(
     parallelism = _parallelism(top, wl_sec, workload, cluster)
     pricing = _pricing(top)
     measured, measured_source, measured_notes = _measured(top, workload.kind)
-    return Scenario(
+    sc = Scenario(
         name=name,
         description=description,
         version=version,
@@ -218,6 +220,10 @@ def scenario_from_mapping(
         configuration=configuration,
         configuration_missing=missing,
     )
+    unknown = top.raw("configuration", None)
+    if isinstance(unknown, Mapping) and unknown.get("unknown") is not None:
+        sc = dataclasses.replace(sc, configuration_unknown=_unknowns(unknown["unknown"], data, file, cat))
+    return sc
 
 
 def _stack(data: Mapping[str, Any], file: str, cat: Catalog) -> tuple[str, dict[str, Any]]:
@@ -244,9 +250,80 @@ def _configuration(top: _Section) -> tuple[str, str]:
     raw = top.raw("configuration")
     if raw == "stated":
         return "stated", ""
-    sec = _Section(raw, top.file, "configuration", ("partial",),
-                   what="stated, or a mapping {partial: what the source leaves out}")
+    sec = _Section(raw, top.file, "configuration", ("partial", "unknown"),
+                   what="stated, or a mapping {partial: what the source leaves out[, unknown: ...]}")
     return "partial", sec.text("partial", nonempty=True)
+
+
+#: top-level keys an unknown may not name: what the file measured or expects, its names and the mark itself
+_NOT_SETTINGS = ("version", "name", "description", "seed", "measured", "expect", "configuration", "stack")
+_DID_YOU_MEAN = re.compile(r"\(did you mean '([^']+)'\?\)")
+
+
+def unknown_changes(path: str, value: Any) -> dict[str, Any]:
+    """The dotted-path changes one value of ``configuration.unknown.PATH`` makes: the field set to it, or,
+    for a whole section (``parallelism``), each field of the mapping it gives (fields that vary together,
+    such as ``{vpp: 3, schedule: interleaved}``)."""
+    if "." not in path and isinstance(value, Mapping):
+        return {f"{path}.{k}": v for k, v in value.items()}
+    return {path: value}
+
+
+def _unknowns(raw: Any, data: Mapping[str, Any], file: str, cat: Catalog) -> dict[str, tuple[Any, ...]]:
+    """``configuration.unknown``: each field the source leaves open (a dotted scenario field path) with the
+    values the source gives it, at least two. Each value is checked as the field would be: the file with
+    that one value set is read again (and its kind's own sections checked), so a path that is no field
+    gets a "did you mean" and a value the field refuses gets the field's rule, both located here. A section's
+    values are mappings of the fields that vary together (:func:`unknown_changes`)."""
+    where = "configuration.unknown"
+    if not isinstance(raw, Mapping) or not raw:
+        raise ConfigError(f"got {_what(raw)} (expected a mapping: field path -> the values the source gives, "
+                          "e.g. {serving.memory_fraction: [0.90, 0.95]})", file=file, field=where)
+    # the kind's own sections (serving, traffic, rl), which loading keeps raw
+    from ..api import check_sections
+
+    base = {k: v for k, v in data.items() if k != "configuration"}
+    out: dict[str, tuple[Any, ...]] = {}
+    for path, values in raw.items():
+        if not isinstance(path, str) or not _PATH.match(path):
+            raise ConfigError(f"{path!r} is not a dotted field path (expected e.g. serving.memory_fraction)",
+                              file=file, field=where)
+        at = f"{where}.{path}"
+        if path.split(".")[0] in _NOT_SETTINGS:
+            raise ConfigError("is not a setting (expected a field of workload, parallelism, cluster, "
+                              "serving, traffic, ...)", file=file, field=at)
+        if not isinstance(values, list) or len(values) < 2:
+            raise ConfigError(f"got {_what(values)} (expected a list of the values the source gives, at "
+                              "least two)", file=file, field=at)
+        for i, value in enumerate(values):
+            if value in values[:i]:
+                raise ConfigError(f"{value!r} is listed twice", file=file, field=f"{at}[{i}]")
+            try:
+                check_sections(scenario_from_mapping(apply_overrides(base, unknown_changes(path, value),
+                                                                     file=file), file=file, catalog=cat))
+            except ConfigError as exc:
+                raise _unknown_error(exc, path, f"{at}[{i}]", file) from None
+        out[path] = tuple(copy.deepcopy(values))
+    return out
+
+
+def _unknown_error(exc: ConfigError, path: str, at: str, file: str) -> ConfigError:
+    """The reader's refusal of one unknown's value, located at ``configuration.unknown.PATH[i]``; a path that
+    is no field is said so once, with the field it nearly names."""
+    bad = exc.field or ""
+    if exc.message.startswith("unknown key") and bad and (path == bad or path.startswith(bad + ".")):
+        close = _DID_YOU_MEAN.search(exc.message)
+        near = ""
+        if close:
+            near = ".".join([*bad.split(".")[:-1], close.group(1), *path[len(bad):].split(".")[1:]])
+        hint = f" (did you mean {near!r}?)" if near else ""
+        return ConfigError(f"{path!r} is not a scenario field{hint}", file=file,
+                           field="configuration.unknown")
+    if exc.message.startswith("cannot set"):
+        return ConfigError(f"{path!r} is not a scenario field ({exc.message.partition(': ')[2]})", file=file,
+                           field="configuration.unknown")
+    return ConfigError(f"the field refuses this value: {bad + ': ' if bad else ''}{exc.message}", file=file,
+                       field=at)
 
 
 def load_scenario(

@@ -43,6 +43,8 @@ class Scenario:
     stated: tuple[str, ...] = field(default=(), compare=False)
     configuration: str = ""              # stated | partial (how completely the source states the settings)
     configuration_missing: str = ""      # with partial: what the source leaves out
+    # with partial: the fields the source leaves open, each with the values it gives (fmsim.band varies them)
+    configuration_unknown: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def measured_peak_flop_per_s(self) -> float | None:

@@ -141,10 +141,13 @@ def scenario_to_mapping(sc: Scenario, *, catalog: Catalog | None = None) -> dict
         out["description"] = sc.description
     if sc.stack:
         out["stack"] = sc.stack
-    if sc.configuration:
-        out["configuration"] = (
-            "stated" if sc.configuration == "stated" else {"partial": sc.configuration_missing}
-        )
+    if sc.configuration == "stated":
+        out["configuration"] = "stated"
+    elif sc.configuration:
+        out["configuration"] = {"partial": sc.configuration_missing}
+        if sc.configuration_unknown:
+            out["configuration"]["unknown"] = {p: copy.deepcopy(list(v))
+                                               for p, v in sc.configuration_unknown.items()}
     out["seed"] = sc.seed
     out["workload"] = workload
     out["parallelism"] = parallelism
