@@ -189,6 +189,20 @@ def test_reserve_admission_never_preempts():
     assert m["preemptions"] == 0 and m["unfinished_requests"] == 0
 
 
+@pytest.mark.parametrize("fraction", [0.2, 0.23, 0.31, 0.5, 0.9, 0.95])
+def test_the_estimate_runs_whole_sequences_under_reserve_admission(fraction):
+    """An engine reserving each sequence's whole output holds floor(KV / (prompt + output)) sequences: the
+    estimate's offline batch is that whole number, never the fraction rounded up (which would not fit)."""
+    plan = make_plan({"traffic": {"arrival": "offline", "requests": 3000, "prompt_len": 128, "output_len": 2048},
+                      "serving": {"engine": "trtllm", "replicas": 1, "memory_fraction": fraction}},
+                     model="llama3.3-70b", prec="fp8", tp=2)
+    pool = plan.pool("serve")
+    assert pool.cfg.admission == "reserve"
+    b = estimate_metrics(plan)["decode_batch_mean"]
+    whole = pool.kv_capacity_tokens / float(pool.cfg.kv_slots(128 + 2048))
+    assert b == min(pool.cfg.max_seqs, math.floor(whole))
+
+
 def test_a_request_longer_than_the_whole_kv_cache_is_rejected_not_lost():
     plan = make_plan({"traffic": {"arrival": "offline", "requests": 3, "prompt_len": 64,
                                   "output_len": 2_000_000},

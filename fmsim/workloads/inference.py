@@ -898,6 +898,11 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     prompt_kv = isl / (spec.ttc.samples if share else 1)
     per_token_kv = float(cfg.kv_slots(prompt_kv + (osl / 2.0 if cfg.admission == "optimistic" else osl)))
     b_kv = pool.kv_capacity_tokens / max(1.0, per_token_kv)
+    if cfg.admission == "reserve":
+        # an engine that reserves each sequence's whole output admits whole sequences only: 256.8 sequences'
+        # worth of KV runs 256 (rounding up would price a batch that does not fit -- and pad it to the next
+        # CUDA-graph size)
+        b_kv = math.floor(b_kv)
     b_max = max(1.0, min(cfg.max_seqs, b_kv))
     pf_pool = plan.pool("prefill")
     t_pf = (pf_pool or pool).cost.prefill_time(int(isl), spec.traffic.cached_prefix_len)
