@@ -1,20 +1,27 @@
 """The GEMM shape model (kernels.gemm_efficiency) against every measured GEMM sweep the catalog holds.
 
-Prints measured / predicted per point set, by chip and precision, for the shipped structure and for the two
-alternatives weighed in docs/catalogs.md ("How the gemm figure meets the shape model"):
+Prints measured / predicted per point set, by chip and precision, for the shipped structure, the depth rule it
+replaced and the two alternatives weighed in docs/catalogs.md ("How the gemm figure meets the shape model"):
 
 * ``waves``       -- the shipped model: CUTLASS tiles, wave quantization over the SMs, split-K below one wave,
-                     depth k / (k + K0) with K0 scaled by the math rate (kernels.gemm_k0);
+                     depth k / (k + K0) with the chip's K0 (kernels.chip_gemm_k0: Blackwell's own, fitted below
+                     from the TensorRT-LLM K-depth sweeps; every other chip DeepGEMM's H800 K0 scaled by the math rate);
+* ``math-rate``   -- the same with every chip's K0 scaled by the math rate (kernels.gemm_k0, the rule before
+                     2026-12-02), the b200 fp8/fp4 figures read back through it (0.555 / 0.589, as they were);
 * ``stream-k``    -- the same, but the last partial wave split over all SMs (CUTLASS's data-parallel + stream-K
                      hybrid, sm90 PersistentTileSchedulerSm90StreamK; Osama et al., "Stream-K", PPoPP 2023);
 * ``normalised``  -- each mamf-finder catalog figure divided by the model's shape efficiency at the shape it
                      was measured (figure / shape_eff(best shape)).
 
 Point sets: mamf-finder's best shapes (hardware_catalog/measurements/mamf_finder_{bf16,fp8}.csv), OpenXLA's
-measured H100 table (h100_xla_matmul.csv, 125 shapes), TensorRT-LLM's B200 GEMMs (b200_trtllm_gemm.csv,
-m 8192, k >= 4096), TensorRT-LLM's B200 and GB200 K-depth sweeps (blackwell_trtllm_gemm_ksweep.csv, k 512..16384)
+measured H100 table (h100_xla_matmul.csv, 125 shapes), TensorRT-LLM's B200 and GB200 GEMMs
+({b200,gb200}_trtllm_gemm.csv, m 8192, n and k 4096..16384), TensorRT-LLM's B200 and GB200 K-depth sweeps (blackwell_trtllm_gemm_ksweep.csv, k 512..16384)
 and DeepGEMM's dense FP8 rows on H800 (h800_deepgemm_grouped.csv, layout dense). Each time is priced as the
 operator model prices a GEMM: max(compute, operand traffic) plus the fixed kernel cost.
+
+It also derives the Blackwell figures the catalog states: the depth constant per precision (``depth_fit`` pooled
+over the B200 and GB200 sweeps -> efficiency.gemm_k0 of b200, gb200, b300) and the figures read back through it
+(``readback``: b200 fp8/fp4 from b200_trtllm_gemm.csv, gb200 fp8/fp4 from gb200_trtllm_gemm.csv, the same 32 shapes).
 
 Run: ``python bench/gemm_shape_sweeps.py`` (a few seconds; prints, asserts nothing).
 """
@@ -34,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from fmsim.catalog import load_catalog  # noqa: E402
 from fmsim.model import kernels  # noqa: E402
-from fmsim.model.kernels import GEMM_TILES, KERNEL_FIXED_S, gemm_k0  # noqa: E402
+from fmsim.model.kernels import GEMM_TILES, KERNEL_FIXED_S, chip_gemm_k0, gemm_k0  # noqa: E402
 
 MEAS = ROOT / "hardware_catalog" / "measurements"
 CAT = load_catalog()
@@ -42,6 +49,14 @@ MAMF_CHIPS = {"A100 SXM": "a100-80gb", "H100 SXM": "h100-sxm", "H200 SXM": "h200
               "B300 SXM": "b300", "GB200 SXM": "gb200"}
 BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}
 Shape = Callable[[float, float, float, int, float], float]
+DTYPES = {"float16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}
+#: K0 rules: the shipped one (the chip's own where its entry states it) and the math-rate rule it replaced
+K0_RULES: dict[str, Callable[[str, str], float]] = {
+    "chip": lambda chip, prec: chip_gemm_k0(CAT.accelerator(chip), prec),
+    "math-rate": lambda chip, prec: gemm_k0(CAT.accelerator(chip).peak(prec)),
+}
+#: figures the catalog reads back from TensorRT-LLM's GEMM rows through the model (``readback``)
+READ_BACK = {("b200", "fp8"), ("b200", "fp4"), ("gb200", "fp8"), ("gb200", "fp4")}
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -75,21 +90,42 @@ def mamf_points() -> list[tuple[str, str, float, int, int, int]]:
     return out
 
 
-def figure(chip: str, prec: str, shape: Shape, normalised: bool) -> float:
+def readback_rows(chip: str, prec: str) -> list[tuple[int, int, int, float]]:
+    """TensorRT-LLM's deep-K rows a figure is read back from: the chip's table ({b200,gb200}_trtllm_gemm.csv, the same
+    32 shapes: m 8192, n and k 4096..16384); (m, n, k, seconds)."""
+    dtype = {v: k for k, v in DTYPES.items()}[prec]
+    rows = [r for r in _rows(f"{chip}_trtllm_gemm.csv") if r["gemm_dtype"] == dtype]
+    return [(int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3) for r in rows]
+
+
+def readback(chip: str, prec: str, k0: float) -> float:
+    """The large-GEMM figure that reproduces TensorRT-LLM's deep-K rows: the median over them of the measured rate,
+    less the fixed kernel cost, over peak x the shape model (waves, depth ``k0``)."""
+    acc = CAT.accelerator(chip)
+    return statistics.median(2.0 * m * n * k / (acc.peak(prec) * waves(m, n, k, acc.compute_units, k0)
+                                                  * (t - KERNEL_FIXED_S))
+                             for m, n, k, t in readback_rows(chip, prec))
+
+
+def figure(chip: str, prec: str, shape: Shape, normalised: bool, rule: str = "chip") -> float:
     """The catalog figure, or (normalised) mamf-finder's measurement over the shape model at its best shape. The
-    b200 fp8/fp4 figures are already read back through the model from TensorRT-LLM's GEMMs: kept."""
+    figures read back from TensorRT-LLM's GEMMs are kept; under the math-rate rule b200's are read back through it
+    (as the catalog had them) and gb200's are the assumption it had (bf16 - 0.10)."""
     acc = CAT.accelerator(chip)
     fig = acc.gemm_efficiency[prec]
-    if normalised and not (chip == "b200" and prec != "bf16"):
+    if rule == "math-rate" and (chip, prec) in READ_BACK:
+        return readback(chip, prec, gemm_k0(acc.peak(prec))) if chip == "b200" else acc.gemm_efficiency["bf16"] - 0.10
+    if normalised and (chip, prec) not in READ_BACK:
         for c, p, e, m, n, k in mamf_points():
             if (c, p) == (chip, prec):
-                fig = e / shape(m, n, k, acc.compute_units, gemm_k0(acc.peak(prec)))
+                fig = e / shape(m, n, k, acc.compute_units, K0_RULES[rule](chip, prec))
     return fig
 
 
-def seconds(chip: str, prec: str, m: float, n: float, k: float, shape: Shape, normalised: bool) -> float:
+def seconds(chip: str, prec: str, m: float, n: float, k: float, shape: Shape, normalised: bool,
+            rule: str = "chip") -> float:
     acc = CAT.accelerator(chip)
-    eff = figure(chip, prec, shape, normalised) * shape(m, n, k, acc.compute_units, gemm_k0(acc.peak(prec)))
+    eff = figure(chip, prec, shape, normalised, rule) * shape(m, n, k, acc.compute_units, K0_RULES[rule](chip, prec))
     compute = 2.0 * m * n * k / (acc.peak(prec) * eff)
     traffic = (m * k + k * n) * BYTES[prec] + m * n * 2.0
     return max(compute, traffic / (acc.hbm_bytes_per_s * acc.hbm_efficiency)) + KERNEL_FIXED_S
@@ -102,13 +138,11 @@ def point_sets() -> dict[str, list[tuple[str, str, int, int, int, float]]]:
         ("h100-sxm", "bf16", int(r["m"]), int(r["n"]), int(r["k"]),
          2.0 * int(r["m"]) * int(r["n"]) * int(r["k"]) / (float(r["tflops"]) * 1e12))
         for r in _rows("h100_xla_matmul.csv")]
-    prec = {"float16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}
-    for dt, p in prec.items():
-        sets[f"trtllm b200 {dt} k>=4096"] = [
-            ("b200", p, int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3)
-            for r in _rows("b200_trtllm_gemm.csv") if r["gemm_dtype"] == dt]
+    for chip in ("b200", "gb200"):
+        for dt, p in DTYPES.items():
+            sets[f"trtllm {chip} {dt} k>=4096"] = [(chip, p, *row) for row in readback_rows(chip, p)]
     for dev in ("B200", "GB200"):
-        for dt, p in prec.items():
+        for dt, p in DTYPES.items():
             sets[f"trtllm {dev.lower()} {dt} k 512..16k"] = [
                 (dev.lower(), p, int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3)
                 for r in _rows("blackwell_trtllm_gemm_ksweep.csv")
@@ -120,9 +154,9 @@ def point_sets() -> dict[str, list[tuple[str, str, int, int, int, float]]]:
     return sets
 
 
-def log_errors(points, shape: Shape, normalised: bool) -> list[float]:
+def log_errors(points, shape: Shape, normalised: bool, rule: str = "chip") -> list[float]:
     """log(predicted time / measured time): > 0 where the model is slow."""
-    return [math.log(seconds(c, p, m, n, k, shape, normalised) / t) for c, p, m, n, k, t in points]
+    return [math.log(seconds(c, p, m, n, k, shape, normalised, rule) / t) for c, p, m, n, k, t in points]
 
 
 def rms(xs: list[float]) -> float:
@@ -141,14 +175,22 @@ def depth_fit(points) -> tuple[float, float]:
     return 1.0 / icept, slope / icept
 
 
+def architecture_k0(dtype: str) -> tuple[float, float]:
+    """(e_max, K0) of the Blackwell (sm100) depth term in TensorRT-LLM's ``dtype``: :func:`depth_fit` over the B200
+    and GB200 K-depth sweeps together (k 512..16384), each point over its own chip's peak -- the catalog's
+    efficiency.gemm_k0 of b200, gb200 and b300 (rounded to a k-step)."""
+    sweeps = point_sets()
+    return depth_fit(sweeps[f"trtllm b200 {dtype} k 512..16k"] + sweeps[f"trtllm gb200 {dtype} k 512..16k"])
+
+
 def main() -> None:
-    variants = {"waves": (waves, False), "stream-k": (stream_k, False), "normalised": (waves, True),
-                "stream-k+norm": (stream_k, True)}
+    variants = {"waves": (waves, False, "chip"), "math-rate": (waves, False, "math-rate"),
+                "stream-k": (stream_k, False, "chip"), "normalised": (waves, True, "chip")}
     print("mamf-finder best shapes: measured / predicted (1.00 = the model reproduces the figure's own shape)")
     print(f"{'chip':10s} {'prec':4s} {'shape':>20s} " + " ".join(f"{v:>13s}" for v in variants))
     for c, p, e, m, n, k in mamf_points():
         t = 2.0 * m * n * k / (CAT.accelerator(c).peak(p) * e)
-        cells = [math.exp(log_errors([(c, p, m, n, k, t)], s, nrm)[0]) for s, nrm in variants.values()]
+        cells = [math.exp(log_errors([(c, p, m, n, k, t)], s, nrm, rule)[0]) for s, nrm, rule in variants.values()]
         print(f"{c:10s} {p:4s} {f'{m}x{n}x{k}':>20s} " + " ".join(f"{x:13.3f}" for x in cells))
     print("\nnormalised figures (mamf / shape efficiency at its best shape), waves model:")
     for c, p, e, m, n, k in mamf_points():
@@ -158,29 +200,26 @@ def main() -> None:
     print(f"{'set':34s} {'n':>4s} " + " ".join(f"{v:>19s}" for v in variants))
     for name, pts in point_sets().items():
         cells = []
-        for s, nrm in variants.values():
-            le = log_errors(pts, s, nrm)
+        for s, nrm, rule in variants.values():
+            le = log_errors(pts, s, nrm, rule)
             cells.append(f"{rms(le):.3f} ({statistics.mean(le):+.3f})")
         print(f"{name:34s} {len(pts):4d} " + " ".join(f"{x:>19s}" for x in cells))
-    print("\ndepth term read from the K-depth sweeps (e = e_max k / (k + K0), k 512..16384) vs the model's K0:")
+    print("\ndepth term read from the K-depth sweeps (e = e_max k / (k + K0), k 512..16384) vs the math-rate rule:")
     for name, pts in point_sets().items():
         if "512..16k" in name:
             emax, k0 = depth_fit(pts)
             c, p = pts[0][0], pts[0][1]
-            model = gemm_k0(CAT.accelerator(c).peak(p))
-            print(f"  {name:34s} e_max {emax:.3f}  K0 {k0:6.0f}   model K0 {model:6.0f}")
-    # cross-check of two independent sources: the 16-bit Blackwell best shapes priced with the K0 of their own
-    # chip's TensorRT-LLM sweep (b300 has none: B200's), the catalog figure unchanged
-    sweeps = point_sets()
-    k0_of = {"b200": depth_fit(sweeps["trtllm b200 float16 k 512..16k"])[1],
-             "gb200": depth_fit(sweeps["trtllm gb200 float16 k 512..16k"])[1]}
-    k0_of["b300"] = k0_of["b200"]
-    print("\n16-bit Blackwell best shapes, measured / (figure x shape efficiency) with the sweep's K0 instead of the model's:")
-    for c, p, e, m, n, k in mamf_points():
-        if c in k0_of:
-            acc = CAT.accelerator(c)
-            shape = kernels.gemm_efficiency(m, n, k, acc.compute_units, k0_of[c])
-            print(f"  {c:6s} {m}x{n}x{k}: K0 {k0_of[c]:4.0f} -> {e / (acc.gemm_efficiency[p] * shape):.3f}")
+            print(f"  {name:34s} e_max {emax:.3f}  K0 {k0:6.0f}   math-rate K0 {gemm_k0(CAT.accelerator(c).peak(p)):6.0f}")
+    print("\nBlackwell (sm100) depth constant, both chips' sweeps pooled, vs the catalog's efficiency.gemm_k0:")
+    for dtype, p in DTYPES.items():
+        emax, k0 = architecture_k0(dtype)
+        cat = {c: chip_gemm_k0(CAT.accelerator(c), p) for c in ("b200", "gb200", "b300")}
+        print(f"  {dtype:8s} e_max {emax:.3f}  K0 {k0:6.1f}   catalog " + " ".join(f"{c} {v:g}" for c, v in cat.items()))
+    print("\nfigures read back from TensorRT-LLM's deep-K rows (median of measured / (peak x shape model)):")
+    for c, p in sorted(READ_BACK) + [("b200", "bf16"), ("gb200", "bf16")]:
+        acc = CAT.accelerator(c)
+        print(f"  {c:6s} {p:4s} ({len(readback_rows(c, p))} rows): chip K0 {readback(c, p, chip_gemm_k0(acc, p)):.3f}"
+              f"  math-rate K0 {readback(c, p, gemm_k0(acc.peak(p))):.3f}   catalog {acc.gemm_efficiency[p]:.3f}")
 
 
 if __name__ == "__main__":

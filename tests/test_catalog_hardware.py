@@ -378,32 +378,6 @@ def test_an_unknown_topology_is_refused_with_the_known_ones(tmp_path):
         _load(tmp_path, data)
 
 
-def test_b200_low_precision_gemm_efficiencies_re_derive_from_the_recorded_trtllm_measurements():
-    """The catalog's B200 fp8/fp4 GEMM figures are the median over the recorded TensorRT-LLM rows, each
-    latency read back through the model's own K-depth factor, wave quantization and fixed kernel cost;
-    the same read-back of the float16 rows lands on the catalog's independent (mamf-finder) bf16 figure."""
-    import csv
-    import statistics
-
-    from fmsim.model.kernels import KERNEL_FIXED_S, gemm_efficiency, gemm_k0
-
-    acc = load_catalog().accelerator("b200")
-    path = Path(__file__).resolve().parent.parent / "hardware_catalog" / "measurements" / "b200_trtllm_gemm.csv"
-    rows = [r for r in csv.DictReader(line for line in path.open() if not line.startswith("#"))]
-    precision = {"float16": "bf16", "fp8": "fp8", "nvfp4": "fp4"}
-    derived: dict[str, list[float]] = {}
-    for r in rows:
-        p = precision[r["gemm_dtype"]]
-        m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
-        peak = acc.peak(p)
-        shape = gemm_efficiency(m, n, k, acc.compute_units, gemm_k0(peak))
-        seconds = float(r["latency_ms"]) * 1e-3 - KERNEL_FIXED_S
-        derived.setdefault(p, []).append(2.0 * m * n * k / (peak * shape * seconds))
-    assert {p: len(v) for p, v in derived.items()} == {"bf16": 32, "fp8": 32, "fp4": 32}
-    for p, values in derived.items():
-        assert statistics.median(values) == pytest.approx(acc.gemm_efficiency[p], abs=0.01), p
-
-
 def _read_back(cat: Catalog, instance: str, mapping: dict, metric: str, measured: float, field: str) -> float:
     """The value of the accelerator figure ``field`` at which the estimate of scenario ``mapping`` on
     ``instance`` gives ``measured`` for ``metric``: a catalog efficiency read back through the model from a

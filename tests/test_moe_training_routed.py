@@ -20,6 +20,7 @@ from fmsim.model.kernels import (
     GROUPED_KERNELS,
     TE_GROUPED_GEMM_STREAMS,
     _binomial_tile_counter,
+    chip_gemm_k0,
     gemm_efficiency,
     gemm_k0,
     grouped_gemm_efficiency,
@@ -32,7 +33,7 @@ CAT = load_catalog()
 QWEN = CAT.model("qwen3-30b-a3b")             # 128 experts, top-8, 768 wide, hidden 2048
 B200 = CAT.accelerator("b200")
 RF = Roofline.of(B200, "fp8")
-K0 = gemm_k0(B200.peak("fp8"))
+K0 = chip_gemm_k0(B200, "fp8")
 CU = B200.compute_units
 
 
@@ -133,7 +134,7 @@ def test_the_expected_tiles_never_fall_as_tokens_grow(tokens, tile, step, p):
        concurrent=st.sampled_from([None, TE_GROUPED_GEMM_STREAMS]), units=st.sampled_from([132, 148]))
 def test_more_tokens_never_take_less_expert_time_and_never_beat_the_dense_gemm(tokens, grow, local, n, k,
                                                                               concurrent, units):
-    k0 = gemm_k0(B200.peak("fp8"))
+    k0 = chip_gemm_k0(B200, "fp8")
     e = routed_grouped_gemm_efficiency(tokens, 8, 128, local, n, k, units, k0, concurrent=concurrent)
     rows = local * tokens * 8 / 128
     assert 0.0 < e <= gemm_efficiency(rows, n, k, units, k0) + 1e-12

@@ -26,7 +26,7 @@ ACCELERATOR_KEYS = ("vendor", "peak", "hbm", "memory_type", "hbm_bandwidth", "sc
                     "max_power_w", "host_link", "cores", "compute_units", "efficiency", "notes", "source")
 PEAK_KEYS = PRECISIONS
 EFFICIENCY_KEYS = ("gemm", "hbm", "attention", "attention_flash2", "attention_flash1", "attention_forward",
-                   "attention_fp8", "overlap_clock", "moe_op", "source")
+                   "attention_fp8", "overlap_clock", "moe_op", "gemm_k0", "source")
 FABRIC_KEYS = ("kind", "nic_bandwidth", "latency", "efficiency", "ring_efficiency", "in_network_reduction",
                "notes", "source")
 LINK_KEYS = ("latency", "efficiency", "in_switch_reduction", "bandwidth", "notes", "source")
@@ -37,12 +37,14 @@ SCALE_UP_KEYS = ("kind", "link", "domain", "topology", "bandwidth", "latency", "
 NETWORK_KEYS = ("fabric", "nics", "nic_bandwidth", "notes")
 
 
-def _precision_fractions(eff: _Entry, key: str, peaks: Mapping[str, float], name: str) -> dict[str, float]:
-    """``efficiency.<key>`` as {precision: fraction}: each a known precision the chip has a peak for."""
+def _precision_fractions(eff: _Entry, key: str, peaks: Mapping[str, float], name: str, *,
+                         what: str = "fractions") -> dict[str, float]:
+    """``efficiency.<key>`` as {precision: fraction} (``what`` "numbers": {precision: positive number}): each a
+    known precision the chip has a peak for."""
     if not eff.has(key):
         return {}
     if not isinstance(eff.raw(key), Mapping):
-        raise eff.err(key, f"must map precisions to fractions (got {_what(eff.raw(key))})")
+        raise eff.err(key, f"must map precisions to {what} (got {_what(eff.raw(key))})")
     sec = eff.section(key, (*PRECISIONS, "source", "note"))
     out: dict[str, float] = {}
     for k in sec.data:
@@ -50,7 +52,7 @@ def _precision_fractions(eff: _Entry, key: str, peaks: Mapping[str, float], name
             continue
         if k not in peaks:
             raise sec.err(k, f"{name} has no {k} peak to take a fraction of")
-        out[k] = sec.fraction(k)
+        out[k] = sec.fraction(k) if what == "fractions" else sec.number(k)
     return out
 
 
@@ -86,6 +88,7 @@ def load_accelerator(name: str, e: _Entry) -> Accelerator:
         attention_fp8_efficiency=eff.fraction("attention_fp8", 0.0),
         overlap_clock_ratio=eff.fraction("overlap_clock", 1.0),
         moe_op_efficiency=_precision_fractions(eff, "moe_op", peaks, name),
+        gemm_k0_steps=_precision_fractions(eff, "gemm_k0", peaks, name, what="numbers"),
         compute_units=e.integer("compute_units", 0, minimum=1),
         cores=e.integer("cores", 1, minimum=1),
         source=e.source(),

@@ -44,6 +44,9 @@ class Accelerator:
     #: a serving engine's fused MoE op: the share of the grouped-GEMM model's rate its expert GEMMs reach, per
     #: precision (empty: 1, the model's own rate)
     moe_op_efficiency: Mapping[str, float] = field(default_factory=dict)
+    #: the GEMM depth constant K0 (k-steps, ``k / (k + K0)``) per precision where it was measured on the chip's
+    #: architecture (empty: fmsim.model.kernels.gemm_k0's rule, the H800 fit scaled by the math rate)
+    gemm_k0_steps: Mapping[str, float] = field(default_factory=dict)
     source: str
     calibration: str = ""                         # where the efficiency figures come from
     memory_type: str = ""                         # HBM3, HBM3e, GDDR6 ... (informative)

@@ -11,9 +11,12 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..catalog.specs import Accelerator
 
 # Bytes per element. NVFP4 packs 16 four-bit values with one FP8 (E4M3) scale:
 # 0.5 + 1/16 bytes per element (NVIDIA, "Introducing NVFP4 for efficient and accurate
@@ -31,7 +34,8 @@ KERNEL_FIXED_S = 4.2e-6
 # @7a70b43, 2025-02: K=512..16384 at 590..1358 TFLOP/s of 1979): K0 = 640, e_max = 0.68 -- the same
 # asymptote as the catalog's large-GEMM FP8 efficiency (0.71 on H100, mamf-finder), so the catalog figure is
 # used as e_max and K / (K + K0) scales it. Tensor parallelism shortens K of the row-parallel
-# GEMMs (attention output, MLP down) to K / tp, which is where this bites.
+# GEMMs (attention output, MLP down) to K / tp, which is where this bites. Scaled by the math rate
+# (gemm_k0) on every chip but those whose catalog entry states its own (Blackwell: chip_gemm_k0).
 GEMM_K0 = 640.0
 
 
@@ -41,8 +45,25 @@ H800_FP8_PEAK_FLOP_PER_S = 1979e12
 
 def gemm_k0(peak_flop_per_s: float) -> float:
     """K0 at another math rate: the fixed time per output tile is worth K0 k-steps at the fitted rate,
-    and proportionally more k-steps on faster math (the training operator model uses the same rule)."""
+    and proportionally more k-steps on faster math. The rule for every chip whose catalog entry states no
+    ``efficiency.gemm_k0`` of its own (:func:`chip_gemm_k0`)."""
     return GEMM_K0 * peak_flop_per_s / H800_FP8_PEAK_FLOP_PER_S
+
+
+def chip_gemm_k0(acc: Accelerator, precision: str) -> float:
+    """K0 of ``acc``'s GEMMs in ``precision``: the chip's own ``efficiency.gemm_k0`` where its catalog entry
+    states one (an unlisted precision takes bf16's), else :func:`gemm_k0` at the chip's peak.
+
+    Blackwell (sm100: B200, GB200; B300 assumed alike) states its own: TensorRT-LLM's K-depth sweeps on B200 and
+    GB200 (hardware_catalog/measurements/blackwell_trtllm_gemm_ksweep.csv, k 512..16384), fitted by GEMM_K0's
+    method pooled over both chips, give K0 51 (16-bit), 389 (fp8), 623 (nvfp4) k-steps -- a fourteenth to a
+    quarter of the math-rate rule's 728-3234 (bench/gemm_shape_sweeps.py; docs/catalogs.md "How the gemm figure
+    meets the shape model"). Its tensor-memory accumulators let a persistent kernel's epilogue of one tile
+    overlap the next tile's k-loop, so little of the per-tile fixed cost is left exposed."""
+    own = acc.gemm_k0_steps
+    if own and (precision in own or "bf16" in own):
+        return own.get(precision, own.get("bf16", 0.0))
+    return gemm_k0(acc.peak(precision))
 
 
 def gemm_k_efficiency(k: float, k0: float = GEMM_K0) -> float:
@@ -89,9 +110,10 @@ def gemm_efficiency(m: float, n: float, k: float, compute_units: int, k0: float)
     (0.86, K0 = 400: 0.136; tests/test_catalog_hardware.py checks the 0.14). The catalog's large-GEMM
     efficiency is used as the rate of a full wave at deep K (a full wave counts as 1). It is mamf-finder's best
     shape, which does not fill its waves exactly: at those shapes this model prices the GEMM 1.04-1.09x slow in
-    16-bit on A100/H100, 1.22-1.36x in fp8 on H100/H200 (2.2-2.4 waves) and 1.28-1.73x in 16-bit on Blackwell
-    (the depth term at k 1024-3072); normalising the figures or a stream-K last wave fit the measured sweeps no
-    better (docs/catalogs.md "How the gemm figure meets the shape model"; tests/test_gemm_shape_sweeps.py).
+    16-bit on A100/H100, 1.22-1.36x in fp8 on H100/H200 (2.2-2.4 waves) and 1.06-1.11x in 16-bit on Blackwell
+    with its own depth constant (1.28-1.73x with the math-rate K0); normalising the figures or a stream-K last
+    wave fit the measured sweeps no better (docs/catalogs.md "How the gemm figure meets the shape model";
+    tests/test_gemm_shape_sweeps.py).
     ``compute_units`` 0: no wave model, depth only.
     """
     if compute_units <= 0:

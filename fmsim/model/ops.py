@@ -30,8 +30,8 @@ from .kernels import (
     BYTES_PER_ELEMENT,
     KERNEL_FIXED_S,
     attention_length_efficiency,
+    chip_gemm_k0,
     gemm_efficiency,
-    gemm_k0,
     gemm_k_efficiency,
     grouped_gemm_launches,
     grouped_kernel,
@@ -260,9 +260,9 @@ class Roofline:
             compute_units=acc.compute_units,
             # k/(k+K0): each output tile pays a fixed prologue/epilogue besides its k-loop (a
             # systolic array's fill and drain is the same kind of cost); K0 from DeepGEMM's FP8
-            # table, scaled by the math rate (kernels.gemm_k0)
-            gemm_k0=gemm_k0(acc.peak(precision)),
-            gemm_k0_bf16=gemm_k0(acc.peak(act_precision)),
+            # table, scaled by the math rate, or the chip's own (kernels.chip_gemm_k0)
+            gemm_k0=chip_gemm_k0(acc, precision),
+            gemm_k0_bf16=chip_gemm_k0(acc, act_precision),
             # fp4 runs take NVFP4's quantizers whatever fp8 recipe is named (fp8_cast_bytes)
             fp8_recipe="nvfp4" if precision == "fp4" else fp8_recipe,
             wgrad=wgrad,

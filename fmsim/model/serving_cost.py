@@ -41,8 +41,8 @@ from .kernels import (
     BYTES_PER_ELEMENT,
     GEMM_K0,
     KERNEL_FIXED_S,
+    chip_gemm_k0,
     gemm_efficiency,
-    gemm_k0,
     gemm_k_efficiency,
     routed_grouped_gemm_efficiency,
 )
@@ -979,7 +979,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     def _mlp(ffn: float, split: float, n: float) -> list[tuple[float, float, float]]:
         return [(n * mlp_mult * h * ffn, h, mlp_mult * ffn / split), (n * ffn * h, ffn / split, h)]
 
-    k0 = gemm_k0(acc.peak(precision) if precision in acc.peak_flop_per_s else acc.peak("bf16"))
+    k0 = chip_gemm_k0(acc, precision if precision in acc.peak_flop_per_s else "bf16")
     dense_gemms = [(L * f, k, n) for f, k, n in attn_gemms] + _mlp(dense_ffn, tp, n_dense)
     if moe:
         sh_ffn = moe.shared_expert_ffn_hidden or moe.expert_ffn_hidden
@@ -990,7 +990,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         expert_gemms = []
         expert_eff = 1.0
     dense_eff = _flop_weighted_efficiency(dense_gemms, k0)
-    lm_k0 = gemm_k0(acc.peak("bf16"))
+    lm_k0 = chip_gemm_k0(acc, "bf16")
 
     # LM head kept in bf16 (quantization recipes leave it unquantized)
     lm_bytes = model.vocab * model.hidden * ACT_BYTES / tp
