@@ -114,7 +114,7 @@ def _by_shared_work(keys: Sequence) -> list[list]:
 #: the young generation's collection threshold while a search costs its plans (CPython's default is 700
 #: allocations): the search keeps thousands of memo entries alive (the estimate's caches), which every
 #: older-generation collection walks again; collecting less often, at a bounded 10,000 allocations, cost
-#: the bench's cold search 1-2 % of its CPU time in collections instead of 5-7 % (gc callbacks, measured
+#: the bench's cold search 2-3 % of its CPU time in collections instead of 5-7 % (gc callbacks, measured
 #: 2026-12-02). Restored after.
 GC_YOUNG_THRESHOLD = 10_000
 
