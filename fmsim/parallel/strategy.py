@@ -175,6 +175,13 @@ def overlap_slowdown(instance: Instance, comm_sms: int = COMM_SMS) -> float:
 
 
 def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
+    """Layers of each virtual stage (chunk-major: index = chunk * pp + stage), new lists each call
+    (:func:`_split_layers`, memoised)."""
+    return [list(chunk) for chunk in _split_layers(layers, pp, vpp)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_layers(layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:
     """Layers of each virtual stage (chunk-major: index = chunk * pp + stage).
 
     Megatron-style: an even split when ``pp·vpp`` divides ``layers``; when ``layers + 2`` divides,
@@ -204,9 +211,9 @@ def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
             counts[i] += 1
     out, start = [], 0
     for c in counts:
-        out.append(list(range(start, start + c)))
+        out.append(tuple(range(start, start + c)))
         start += c
-    return out
+    return tuple(out)
 
 
 #: Collective costs shared by every plan on the same instance object and node count (a search asks the
@@ -683,7 +690,7 @@ def _dp_costs(sc, coster: CommCoster, model: ModelSpec, lora: _Lora, precision: 
               dense_group: GroupShape, expert_group: GroupShape, replicas: GroupShape) -> tuple:
     """Per physical stage: its gradient buckets' seconds, its weight gathers' seconds, its optimizer step's
     seconds, and (dense, expert, owned) trainable parameters -- (buckets, gathers, opt, trainable)."""
-    layers = split_layers(model.layers, pp, vpp)
+    layers = _split_layers(model.layers, pp, vpp)
     hybrid = shard_w < dp
     edp = max(1, tp * shard_w * cp // (ep * etp))
 
@@ -776,7 +783,7 @@ def _stage_memories(model: ModelSpec, pp: int, vpp: int, micro_batch: int, seq_l
                     masks: float) -> tuple[MemoryBreakdown, ...]:
     """:func:`training_memory` of each physical stage, memoised on its frozen inputs (the plans of a search
     on other instance types or node counts repeat them: none of these reads the instance)."""
-    layers = split_layers(model.layers, pp, vpp)
+    layers = _split_layers(model.layers, pp, vpp)
     # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
     recomputed = frozenset(i for chunk in layers for i in chunk[:recompute_layers]) \
         if recompute == "full" and recompute_layers else None
@@ -795,7 +802,7 @@ def _stage_memories(model: ModelSpec, pp: int, vpp: int, micro_batch: int, seq_l
 
 #: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
 CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached,
-          schedule_tasks, _stage_memories)
+          schedule_tasks, _stage_memories, _split_layers)
 
 
 def build_plan(sc) -> Plan:
