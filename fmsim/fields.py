@@ -112,11 +112,12 @@ class _Section:
         return self._value(key) is not None
 
     def raw(self, key: str, default: Any = _MISSING, *, hint: str = "") -> Any:
-        if not self.has(key):
+        value = self._value(key)
+        if value is None:
             if default is _MISSING:
                 raise self.err(key, f"is required{f' ({hint})' if hint else ''}")
             return default
-        return self._value(key)
+        return value
 
     def joined_text(self, key: str, sep: str) -> str:
         """Free text (``notes``, ``source``, ``family``): a string, or a list of strings joined with ``sep``;
@@ -139,9 +140,11 @@ class _Section:
         return value
 
     def choice(self, key: str, choices: tuple[str, ...], default: Any = _MISSING) -> Any:
-        if not self.has(key) and default is not _MISSING:
-            return default
-        value = self.raw(key, hint=f"one of {', '.join(choices)}")
+        value = self._value(key)        # (one lookup: has() then raw() made three)
+        if value is None:
+            if default is not _MISSING:
+                return default
+            self.raw(key, hint=f"one of {', '.join(choices)}")      # raises: is required
         if not isinstance(value, str) or value not in choices:
             shown = repr(value) if isinstance(value, str) else _what(value)
             sugg = (
@@ -155,9 +158,11 @@ class _Section:
         return value
 
     def boolean(self, key: str, default: Any = _MISSING) -> Any:
-        if not self.has(key) and default is not _MISSING:
-            return default
-        value = self.raw(key)
+        value = self._value(key)
+        if value is None:
+            if default is not _MISSING:
+                return default
+            self.raw(key)       # raises: is required
         if not isinstance(value, bool):
             raise self.err(key, f"got {_what(value)} (expected true or false)")
         return value
@@ -174,9 +179,11 @@ class _Section:
     ) -> Any:
         """An integer in ``minimum..maximum`` (``maximum`` None: :data:`MAX_INTEGER`); ``counts`` also accepts
         count strings (``"2k"``, ``"16Ki"``)."""
-        if not self.has(key) and default is not _MISSING:
-            return default
-        value = self.raw(key, hint=hint)
+        value = self._value(key)
+        if value is None:
+            if default is not _MISSING:
+                return default
+            self.raw(key, hint=hint)        # raises: is required
         number: float | int
         if isinstance(value, bool):
             raise self.err(key, f"got {_what(value)} (expected an integer >= {minimum})")

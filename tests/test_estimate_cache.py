@@ -78,8 +78,8 @@ def test_caches_are_bounded(plans):
     strategy.clear_caches()
     for fn in strategy.CACHED:
         assert fn.cache_info().currsize == 0
-    assert not strategy._SHARED and not strategy._STAGES and not strategy._PLACED
-    assert strategy._STAGES_MAX <= 10_000 and strategy._PLACED_MAX <= 10_000
+    assert not strategy._SHARED and not strategy._STAGES and not strategy._PLACED and not strategy._DP
+    assert strategy._STAGES_MAX <= 10_000 and strategy._PLACED_MAX <= 10_000 and strategy._DP_MAX <= 10_000
 
 
 def test_shared_stage_costs_stay_bounded(plans):
@@ -87,6 +87,30 @@ def test_shared_stage_costs_stay_bounded(plans):
     strategy.clear_caches()
     strategy._STAGES.update(((i,), (None, ())) for i in range(strategy._STAGES_MAX))
     strategy._PLACED.update(((i,), (None, {})) for i in range(strategy._PLACED_MAX))
+    strategy._DP.update(((i,), (None, ())) for i in range(strategy._DP_MAX))
     _evaluate(plans[0])
-    assert len(strategy._STAGES) <= 1 and len(strategy._PLACED) <= 1
+    assert len(strategy._STAGES) <= 1 and len(strategy._PLACED) <= 1 and len(strategy._DP) <= 1
     strategy.clear_caches()
+
+
+def test_memo_keys_tell_apart_what_they_leave_out():
+    """The per-plan memos key on what their pieces read: the stage memories leave the accelerator out
+    except under torchtitan-op (whether SDPA's output is kept), the data-parallel costs leave the
+    micro-batch and recompute out. Plans that differ only there, costed one after another, equal each
+    costed from empty caches -- and the torchtitan-op pair's memory differs, so the test can fail."""
+    sc = load_scenario("scenarios/examples/llama3-8b-trn2.yaml")
+    pairs = []
+    for inst in ("p5.48xlarge", "p6-b200.48xlarge"):
+        pairs.append(with_plan(sc, instance=inst, nodes=1, tp=1, recompute="selective",
+                               recompute_policy="torchtitan-op"))
+        pairs.append(with_plan(sc, instance=inst, nodes=1, tp=1, recompute="none"))
+    pairs += [with_plan(pairs[1], micro_batch=2), with_plan(pairs[1], recompute="full")]
+    uncached = []
+    for p in pairs:
+        strategy.clear_caches()
+        uncached.append(_evaluate(p))
+    strategy.clear_caches()
+    assert [_evaluate(p) for p in pairs] == uncached
+    assert all("error" not in r for r in uncached)
+    memory = [r["metrics"]["memory_per_gpu_bytes"] for r in uncached]
+    assert memory[0] != memory[2]           # torchtitan-op: p5 recomputes SDPA's output, B200 keeps it

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Mapping
+from typing import NamedTuple
 from dataclasses import dataclass
 
 from ..catalog import Instance
@@ -174,6 +175,13 @@ def overlap_slowdown(instance: Instance, comm_sms: int = COMM_SMS) -> float:
 
 
 def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
+    """Layers of each virtual stage (chunk-major: index = chunk * pp + stage), new lists each call
+    (:func:`_split_layers`, memoised)."""
+    return [list(chunk) for chunk in _split_layers(layers, pp, vpp)]
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_layers(layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], ...]:
     """Layers of each virtual stage (chunk-major: index = chunk * pp + stage).
 
     Megatron-style: an even split when ``pp·vpp`` divides ``layers``; when ``layers + 2`` divides,
@@ -203,9 +211,9 @@ def split_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
             counts[i] += 1
     out, start = [], 0
     for c in counts:
-        out.append(list(range(start, start + c)))
+        out.append(tuple(range(start, start + c)))
         start += c
-    return out
+    return tuple(out)
 
 
 #: Collective costs shared by every plan on the same instance object and node count (a search asks the
@@ -239,6 +247,7 @@ def clear_caches() -> None:
     _STAGES.clear()
     _PIECES.clear()
     _PLACED.clear()
+    _DP.clear()
     for fn in CACHED:
         fn.cache_clear()
 
@@ -531,9 +540,6 @@ def _fsdp_units_shared(model: ModelSpec, w, layer_ids: tuple[int, ...], first: b
     return tuple(_fsdp_units(model, w, list(layer_ids), first, last, pp=pp, tp=tp, ep=ep, etp=etp))
 
 
-#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
-CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached,
-          schedule_tasks)
 
 #: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)
 _PLACED: dict[tuple, tuple[Instance, dict[str, GroupShape]]] = {}
@@ -649,6 +655,156 @@ def _too_many_buckets(sc, n: int, params: float) -> ConfigError:
                        "parameters, or more tp or pp)", file=sc.file, field="parallelism.grad_bucket")
 
 
+
+class _Lora(NamedTuple):
+    """The workload's fields a rank's trainable-parameter count reads (:func:`_local_trainable`): a key
+    shared by the workloads that differ elsewhere (micro-batch, sequence)."""
+
+    lora_rank: int
+    lora_modules: str
+
+
+#: per-stage data-parallel costs shared across plans: key -> (instance, (buckets, gathers, opt, trainable))
+_DP: dict[tuple, tuple[Instance, tuple]] = {}
+_DP_MAX = 4096
+
+
+def _dp_costs_shared(sc, coster: CommCoster, model: ModelSpec, lora: _Lora, precision: str, **kw) -> tuple:
+    """:func:`_dp_costs`, shared by the plans that differ only where it does not look (micro-batch,
+    recompute, offloading, sequence parallelism): its inputs are the key, with the coster's instance
+    (this very object, kept alive by the entry) and node count, on which its collective costs depend
+    (``sc`` names the file in a refusal, which is raised afresh each time and never kept)."""
+    inst = coster.instance
+    key = (id(inst), coster.nodes, model, lora, precision, tuple(kw.items()))
+    hit = _DP.get(key)
+    if hit is None or hit[0] is not inst:
+        if len(_DP) >= _DP_MAX:
+            _DP.clear()
+        hit = _DP[key] = (inst, _dp_costs(sc, coster, model, lora, precision, **kw))
+    return hit[1]
+
+
+def _dp_costs(sc, coster: CommCoster, model: ModelSpec, lora: _Lora, precision: str, *, tp: int, pp: int, vpp: int,
+              dp: int, cp: int, ep: int, etp: int, zero: int, grad_bucket: int, shard_w: int, bucket: int,
+              reduce_op: str, grad_bytes: float, weight_bytes: float, fp8_step: float, hbm: float,
+              dense_group: GroupShape, expert_group: GroupShape, replicas: GroupShape) -> tuple:
+    """Per physical stage: its gradient buckets' seconds, its weight gathers' seconds, its optimizer step's
+    seconds, and (dense, expert, owned) trainable parameters -- (buckets, gathers, opt, trainable)."""
+    layers = _split_layers(model.layers, pp, vpp)
+    hybrid = shard_w < dp
+    edp = max(1, tp * shard_w * cp // (ep * etp))
+
+    def bucket_s(params: float, shape: GroupShape) -> float:
+        t = coster.cost(reduce_op, params * grad_bytes, shape)
+        if hybrid:
+            # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
+            # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
+            t += coster.cost("all-reduce", params * grad_bytes / shape.size, replicas)
+        return t
+
+    buckets, gathers, opt, trainable = [], [], [], []
+    for s in range(pp):
+        mine = [i for c in range(vpp) for i in layers[c * pp + s]]
+        # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
+        local_dense, local_expert = _local_trainable(model, lora, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
+                                                     etp=etp)
+        # ZeRO-3/FSDP's units (and grad_bucket 0's buckets): one per transformer layer, plus the embedding and head
+        units = list(_fsdp_units_shared(model, lora, tuple(mine), s == 0, s == pp - 1, pp, tp, ep, etp)) \
+            if zero >= 3 or not grad_bucket else []
+        if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
+            local_dense, local_expert = local_dense + local_expert, 0.0
+            units = [(dense + expert, 0.0) for dense, expert in units]
+
+        # the gradient buckets: grad_bucket parameters each, or one per unit with grad_bucket 0, as PyTorch
+        # FSDP reduces each wrapped block's gradients in one collective
+        # a stage's units repeat (every transformer layer alike): each distinct unit's buckets and
+        # gathers are priced once and then laid down in the units' order, the same numbers in the same order
+        times: list[float] = []
+        unit_buckets: dict[tuple[float, float], list[float]] = {}
+        for unit in (units if not grad_bucket else [(local_dense, local_expert)]):
+            part = unit_buckets.get(unit)
+            if part is None:
+                part = []
+                for params, shape in zip(unit, (dense_group, expert_group)):
+                    if params <= 0 or (shape.size <= 1 and not hybrid):
+                        continue
+                    nb = max(1, round(params / bucket)) if bucket else 1
+                    if len(times) + len(part) + nb > MAX_BUCKETS_PER_STAGE:
+                        raise _too_many_buckets(sc, len(times) + len(part) + nb, local_dense + local_expert)
+                    part += [bucket_s(params / nb, shape)] * nb
+                unit_buckets[unit] = part
+            if len(times) + len(part) > MAX_BUCKETS_PER_STAGE:
+                raise _too_many_buckets(sc, len(times) + len(part), local_dense + local_expert)
+            times += part
+        buckets.append(tuple(times))
+        g = 0.0
+        if zero >= 1:
+            # ZeRO-1/2 gathers the updated weights once a step, one collective of the stage's share;
+            # ZeRO-3/FSDP gathers them unit by unit ahead of their use, each unit its own collective
+            unit_gathers: dict[tuple[float, float], tuple[float, ...]] = {}
+            for unit in (units if zero >= 3 else [(local_dense, local_expert)]):
+                costs = unit_gathers.get(unit)
+                if costs is None:
+                    costs = unit_gathers[unit] = tuple(
+                        coster.cost("all-gather", params * weight_bytes, shape)
+                        for params, shape in zip(unit, (dense_group, expert_group))
+                        if params > 0 and shape.size > 1)
+                for c in costs:
+                    g += c
+        gathers.append(g)
+        owned = (local_dense / (shard_w * cp) + local_expert / edp) if zero >= 1 else local_dense + local_expert
+        step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM
+        if grad_bytes < BYTES_PER_ELEMENT["fp32"]:
+            # 16-bit gradient buffers: the owned shard is cast to fp32 main grads (read 2, write 4 B)
+            step_bytes += owned * (grad_bytes + BYTES_PER_ELEMENT["fp32"])
+        if precision == "fp16":
+            step_bytes += owned * FP16_UNSCALE_BYTES_PER_PARAM
+        # the next step's gradients start from zero: the whole local gradient buffer is cleared (sharded
+        # only under ZeRO-3/FSDP)
+        step_bytes += (owned if zero >= 3 else local_dense + local_expert) * grad_bytes
+        if fp8_step:
+            # the layers' weights are quantized once a step, on the first micro-batch, and the fp8 copies (and
+            # their transposes for the data gradient) reused by the others (Megatron-Core schedules.py
+            # forward_step: set_is_first_microbatch; TE caches the fp8 weight when is_first_microbatch is True)
+            dense, expert = stage_params_cached(model, mine, False, False, pp)
+            weights = dense / tp + expert / (etp * ep)
+            step_bytes += weights * fp8_step
+        opt.append(step_bytes / hbm)
+        trainable.append((local_dense, local_expert, owned))
+    return tuple(buckets), tuple(gathers), tuple(opt), tuple(trainable)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_memories(model: ModelSpec, pp: int, vpp: int, micro_batch: int, seq_len: int, tp: int, shard_w: int,
+                    cp: int, ep: int, zero: int, sequence_parallel: bool, recompute: str, recompute_layers: int,
+                    schedule: str, num_microbatches: int, recompute_modules: tuple[str, ...], etp: int,
+                    grad_bytes: float, weight_bytes: float, gemm_in: float, frozen_mlp: bool, offload_layers: int,
+                    moe_load: float, act_in: float, recompute_policy: str, keep_attention: bool,
+                    masks: float) -> tuple[MemoryBreakdown, ...]:
+    """:func:`training_memory` of each physical stage, memoised on its frozen inputs (the plans of a search
+    on other instance types or node counts repeat them: none of these reads the instance)."""
+    layers = _split_layers(model.layers, pp, vpp)
+    # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
+    recomputed = frozenset(i for chunk in layers for i in chunk[:recompute_layers]) \
+        if recompute == "full" and recompute_layers else None
+    return tuple(
+        training_memory(model, stage_layers=[i for c in range(vpp) for i in layers[c * pp + s]], first=s == 0,
+                        last=s == pp - 1, micro_batch=micro_batch, seq_len=seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,
+                        ep=ep, vpp=vpp, zero=zero, sequence_parallel=sequence_parallel, recompute=recompute,
+                        schedule=schedule, num_microbatches=num_microbatches, stage=s,
+                        recompute_modules=recompute_modules, expert_tp=etp, grad_bytes=grad_bytes,
+                        weight_bytes=weight_bytes, gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
+                        offload_layers=offload_layers, moe_load=moe_load, act_input_bytes=act_in,
+                        recomputed=recomputed, recompute_policy=recompute_policy, keep_attention=keep_attention,
+                        dropout_mask_bytes=masks)
+        for s in range(pp))
+
+
+#: the memoised pure functions of frozen inputs the estimate calls (functools LRU caches, bounded)
+CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared, stage_activations_cached,
+          schedule_tasks, _stage_memories, _split_layers)
+
+
 def build_plan(sc) -> Plan:
     """Validate and derive everything a training simulation needs from a Scenario."""
     w, par, cl = sc.workload, sc.parallelism, sc.cluster
@@ -747,7 +903,6 @@ def build_plan(sc) -> Plan:
     edp = max(1, tp * shard_w * cp // (ep * etp))
     grad_bytes = BYTES_PER_ELEMENT[par.grad_reduce_precision]
     weight_bytes = BYTES_PER_ELEMENT[par.param_gather_precision]
-    buckets, gathers, opt, mem = [], [], [], []
     dense_group, expert_group = _dp_group(dp_shape, cp, shapes), _edp_group(shapes, edp, ep, etp)
     # Megatron-Core sizes its buckets from the (dense) data-parallel group, context parallelism included
     bucket = max(DEFAULT_GRAD_BUCKET, 1_000_000 * dense_group.size) if par.grad_bucket == GRAD_BUCKET_MEGATRON \
@@ -756,104 +911,30 @@ def build_plan(sc) -> Plan:
     deepspeed = par.param_fetch == "deepspeed" and par.zero >= 3
     reduce_op = (par.grad_reduce_op or default_grad_reduce_op(par.zero)) if deepspeed \
         else default_grad_reduce_op(par.zero)
-
-    def bucket_s(params: float, shape: GroupShape) -> float:
-        t = coster.cost(reduce_op, params * grad_bytes, shape)
-        if hybrid:
-            # each bucket's reduced shard is then all-reduced across the replicas, on the same stream
-            # (PyTorch FSDP HYBRID_SHARD; Megatron-Core's distributed-optimizer instances)
-            t += coster.cost("all-reduce", params * grad_bytes / shape.size, replicas)
-        return t
-
-    for s in range(pp):
-        mine = [i for c in range(vpp) for i in layers[c * pp + s]]
-        # LoRA: only the adapters train -- they alone are reduced, gathered and stepped
-        local_dense, local_expert = _local_trainable(model, w, mine, s == 0, s == pp - 1, pp=pp, tp=tp, ep=ep,
-                                                     etp=etp)
-        # ZeRO-3/FSDP's units (and grad_bucket 0's buckets): one per transformer layer, plus the embedding and head
-        units = list(_fsdp_units_shared(model, w, tuple(mine), s == 0, s == pp - 1, pp, tp, ep, etp)) \
-            if par.zero >= 3 or not par.grad_bucket else []
-        if hybrid:     # ep 1 (the scenario enforces it): the experts shard and reduce as the dense weights
-            local_dense, local_expert = local_dense + local_expert, 0.0
-            units = [(dense + expert, 0.0) for dense, expert in units]
-
-        # the gradient buckets: grad_bucket parameters each, or one per unit with grad_bucket 0, as PyTorch
-        # FSDP reduces each wrapped block's gradients in one collective
-        # a stage's units repeat (every transformer layer alike): each distinct unit's buckets and
-        # gathers are priced once and then laid down in the units' order, the same numbers in the same order
-        times: list[float] = []
-        unit_buckets: dict[tuple[float, float], list[float]] = {}
-        for unit in (units if not par.grad_bucket else [(local_dense, local_expert)]):
-            part = unit_buckets.get(unit)
-            if part is None:
-                part = []
-                for params, shape in zip(unit, (dense_group, expert_group)):
-                    if params <= 0 or (shape.size <= 1 and not hybrid):
-                        continue
-                    nb = max(1, round(params / bucket)) if bucket else 1
-                    if len(times) + len(part) + nb > MAX_BUCKETS_PER_STAGE:
-                        raise _too_many_buckets(sc, len(times) + len(part) + nb, local_dense + local_expert)
-                    part += [bucket_s(params / nb, shape)] * nb
-                unit_buckets[unit] = part
-            if len(times) + len(part) > MAX_BUCKETS_PER_STAGE:
-                raise _too_many_buckets(sc, len(times) + len(part), local_dense + local_expert)
-            times += part
-        buckets.append(tuple(times))
-        g = 0.0
-        if par.zero >= 1:
-            # ZeRO-1/2 gathers the updated weights once a step, one collective of the stage's share;
-            # ZeRO-3/FSDP gathers them unit by unit ahead of their use, each unit its own collective
-            unit_gathers: dict[tuple[float, float], tuple[float, ...]] = {}
-            for unit in (units if par.zero >= 3 else [(local_dense, local_expert)]):
-                costs = unit_gathers.get(unit)
-                if costs is None:
-                    costs = unit_gathers[unit] = tuple(
-                        coster.cost("all-gather", params * weight_bytes, shape)
-                        for params, shape in zip(unit, (dense_group, expert_group))
-                        if params > 0 and shape.size > 1)
-                for c in costs:
-                    g += c
-        gathers.append(g)
-        owned = (local_dense / (shard_w * cp) + local_expert / edp) if par.zero >= 1 else local_dense + local_expert
-        step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM
-        if grad_bytes < BYTES_PER_ELEMENT["fp32"]:
-            # 16-bit gradient buffers: the owned shard is cast to fp32 main grads (read 2, write 4 B)
-            step_bytes += owned * (grad_bytes + BYTES_PER_ELEMENT["fp32"])
-        if w.precision == "fp16":
-            step_bytes += owned * FP16_UNSCALE_BYTES_PER_PARAM
-        # the next step's gradients start from zero: the whole local gradient buffer is cleared (sharded
-        # only under ZeRO-3/FSDP)
-        step_bytes += (owned if par.zero >= 3 else local_dense + local_expert) * grad_bytes
-        if fp8_step:
-            # the layers' weights are quantized once a step, on the first micro-batch, and the fp8 copies (and
-            # their transposes for the data gradient) reused by the others (Megatron-Core schedules.py
-            # forward_step: set_is_first_microbatch; TE caches the fp8 weight when is_first_microbatch is True)
-            dense, expert = stage_params_cached(model, mine, False, False, pp)
-            weights = dense / tp + expert / (etp * ep)
-            step_bytes += weights * fp8_step
-        opt.append(step_bytes / hbm)
-        mem_s = training_memory(model, stage_layers=mine, first=s == 0, last=s == pp - 1,
-                                   micro_batch=w.micro_batch, seq_len=w.seq_len, tp=tp, pp=pp, dp=shard_w, cp=cp,
-                                   ep=ep, vpp=vpp, zero=par.zero, sequence_parallel=shard.sequence_parallel,
-                                   recompute=par.recompute, schedule=schedule, num_microbatches=m, stage=s,
-                                   recompute_modules=par.recompute_modules,
-                                   expert_tp=etp, grad_bytes=grad_bytes, weight_bytes=weight_bytes,
-                                   gemm_input_bytes=gemm_in, frozen_mlp=frozen_mlp,
-                                   offload_layers=par.offload_activations, moe_load=w.moe_load,
-                                   act_input_bytes=act_in, recomputed=recomputed,
-                                   recompute_policy=par.recompute_policy,
-                                   keep_attention=attention_kept(w.attention_kernel,
-                                                                 not acc.attention_flash2_efficiency),
-                                   dropout_mask_bytes=masks)
-        if w.lora_rank:
+    lora = _Lora(w.lora_rank, w.lora_modules)
+    buckets, gathers, opt, trainable = _dp_costs_shared(
+        sc, coster, model, lora, w.precision, tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=etp, zero=par.zero,
+        grad_bucket=par.grad_bucket, shard_w=shard_w, bucket=bucket, reduce_op=reduce_op, grad_bytes=grad_bytes,
+        weight_bytes=weight_bytes, fp8_step=fp8_step, hbm=hbm, dense_group=dense_group, expert_group=expert_group,
+        replicas=replicas)
+    mem = list(_stage_memories(
+        model, pp, vpp, w.micro_batch, w.seq_len, tp, shard_w, cp, ep, par.zero, shard.sequence_parallel,
+        par.recompute, par.recompute_layers, schedule, m, par.recompute_modules, etp, grad_bytes, weight_bytes,
+        gemm_in, frozen_mlp, par.offload_activations, w.moe_load, act_in, par.recompute_policy,
+        # whether SDPA's output is kept is read by torchtitan-op's selective recompute alone
+        # (memory.layer_activation_bytes): the other policies share the memo across accelerators
+        attention_kept(w.attention_kernel, not acc.attention_flash2_efficiency)
+        if par.recompute_policy == "torchtitan-op" else True, masks))
+    if w.lora_rank:
+        for s, (local_dense, _, owned) in enumerate(trainable):
             # frozen base weights: no gradients or optimizer state for them, only for the adapters;
             # with no master copy to update they can be kept in the run's GEMM precision (fp8 base
             # weights in the MLPerf Llama 2 70B LoRA submissions)
-            mem_s = MemoryBreakdown(weights=mem_s.weights * low_bytes / weight_bytes,
-                                    gradients=grad_bytes * local_dense,
-                                    optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
-                                    logits=mem_s.logits, host_offload=mem_s.host_offload)
-        mem.append(mem_s)
+            mem_s = mem[s]
+            mem[s] = MemoryBreakdown(weights=mem_s.weights * low_bytes / weight_bytes,
+                                     gradients=grad_bytes * local_dense,
+                                     optimizer=OPTIMIZER_BYTES * owned, activations=mem_s.activations,
+                                     logits=mem_s.logits, host_offload=mem_s.host_offload)
     if deepspeed:
         # DeepSpeed ZeRO-3 (pp 1, the scenario enforces it): the gathers and reductions run inside the
         # passes, weight tensor by weight tensor, each fetch synchronising the device (fmsim.parallel.zero3)

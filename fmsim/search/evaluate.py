@@ -85,10 +85,18 @@ _WORKER: Evaluator | None = None
 def init_worker(base, ignore_sigint: bool = True) -> None:
     """Process-pool initializer: hold ``base`` once per worker; leave Ctrl-C to the parent."""
     global _WORKER
+    import gc
+
+    from .driver import GC_YOUNG_THRESHOLD
+
     if ignore_sigint:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the pool's process costs plans and nothing else: collected as the search's own process is while it
+    # costs them (driver.GC_YOUNG_THRESHOLD)
+    if 0 < gc.get_threshold()[0] < GC_YOUNG_THRESHOLD:
+        gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
     _WORKER = Evaluator(base)
 
 

@@ -10,6 +10,7 @@ step time and its breakdown, throughput, MFU/HFU, memory against HBM, time and c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -279,6 +280,13 @@ def bottleneck_sentence(breakdown: Mapping[str, float], step: float, plan: Plan,
     return worst, f"{share:.0%} of the step is {advice}"
 
 
+@functools.lru_cache(maxsize=256)
+def _full_attention_flops(model, seq_len: int) -> float:
+    """:func:`attention_flops_per_token` over the whole score square, memoised (bounded) on its frozen
+    inputs: a search's plans ask it of one model and sequence length thousands of times."""
+    return attention_flops_per_token(model, seq_len, causal=False)
+
+
 def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, details: dict[str, Any],
                 lean: bool = False) -> Result:
     """The result of ``sc`` run with ``plan`` at ``step`` seconds. ``lean`` (the plan search): every
@@ -318,8 +326,7 @@ def make_result(sc, plan: Plan, step: float, breakdown: dict[str, float], *, det
         hw_flops = model_flops + forward_flops * plan.recompute_share
     elif plan.recompute == "selective":
         core = "core_attn" in plan.recompute_modules
-        hw_flops = model_flops + (plan.tokens_per_step * attention_flops_per_token(plan.model, plan.seq_len,
-                                                                                  causal=False)
+        hw_flops = model_flops + (plan.tokens_per_step * _full_attention_flops(plan.model, plan.seq_len)
                                   if core else 0.0)
         # the other recompute modules: their forward FLOPs on every rank of a replica, per micro-batch
         ranks = plan.tp * plan.cp * plan.dp
