@@ -1,6 +1,7 @@
 """How the explorer shows numbers and text: times, bytes, counts, dollars and percentages for
 people, result columns with their labels and chart units, changes against a base, and Markdown
-escaping (every message renders as written). Pure functions, no fmsim call, no widget; the
+escaping (every message renders as written). Pure functions, no widget, no simulation: sizes and counts go
+through fmsim's one formatter (``fmsim.format_bytes`` / ``fmsim.format_quantity``); the
 pages reach them through :mod:`explorer.logic`, which re-exports them.
 """
 
@@ -10,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from fmsim.units import format_bytes, format_quantity
+import fmsim
 
 
 def finite(x: Any) -> float | None:
@@ -131,9 +132,9 @@ def fmt_time(s: Any) -> str:
 
 
 def fmt_bytes(b: Any) -> str:
-    """A size as every face writes it (``fmsim.units.format_bytes``: ``80 GiB``, ``85.3 GiB``, ``512 MiB``)."""
+    """A size as every face writes it (``fmsim.format_bytes``: ``80 GiB``, ``85.3 GiB``, ``512 MiB``)."""
     v = finite(b)
-    return "-" if v is None else format_bytes(v)
+    return "-" if v is None else fmsim.format_bytes(v)
 
 
 def fmt_pair(a: Any, b: Any) -> str:
@@ -173,7 +174,7 @@ def fmt_count(x: Any, unit: str = "") -> str:
     v = finite(x)
     if v is None:
         return "-"
-    text = format_quantity(v, "count")     # one helper for every face: ``1.23 k``, ``45.6 M``, ``512``
+    text = fmsim.format_quantity(v, "count")     # one helper for every face: ``1.23 k``, ``45.6 M``, ``512``
     return f"{text}{unit}" if text[-1:].isalpha() else f"{text} {unit}".rstrip()
 
 
