@@ -16,7 +16,9 @@ replaced and the two alternatives weighed in docs/catalogs.md ("How the gemm fig
 Point sets: mamf-finder's best shapes (hardware_catalog/measurements/mamf_finder_{bf16,fp8}.csv), OpenXLA's
 measured H100 table (h100_xla_matmul.csv, 125 shapes), TensorRT-LLM's B200 and GB200 GEMMs
 ({b200,gb200}_trtllm_gemm.csv, m 8192, n and k 4096..16384), TensorRT-LLM's B200 and GB200 K-depth sweeps (blackwell_trtllm_gemm_ksweep.csv, k 512..16384)
-and DeepGEMM's dense FP8 rows on H800 (h800_deepgemm_grouped.csv, layout dense). Each time is priced as the
+and DeepGEMM's dense FP8 rows on H800 (h800_deepgemm_grouped.csv, layout dense); last, FlashInfer's sm100 masked
+grouped nvfp4 GEMM at DeepSeek-V3 expert shapes (b200_flashinfer_masked_grouped.csv, ``grouped_masked_fp4``: does the
+Blackwell depth constant, fitted on ~28-wave GEMMs, hold for experts of few rows and few waves?). Each time is priced as the
 operator model prices a GEMM: max(compute, operand traffic) plus the fixed kernel cost.
 
 It also derives the Blackwell figures the catalog states: the depth constant per precision (``depth_fit`` pooled
@@ -222,5 +224,60 @@ def main() -> None:
               f"  math-rate K0 {readback(c, p, gemm_k0(acc.peak(p))):.3f}   catalog {acc.gemm_efficiency[p]:.3f}")
 
 
+# --- Blackwell grouped GEMMs at expert shapes (few tiles, few waves) --------------------------------------------
+
+def _uniform_tiles(mean: float, low: float = 0.7, high: float = 1.3) -> Callable[[int], float]:
+    """``tm -> E[ceil(X / tm)]`` for X = int(mean * U(low, high)), the valid rows DeepGEMM's masked-layout benchmark
+    gives each group (its ``masked_m``), by quadrature over 2001 points."""
+    xs = np.floor(mean * np.linspace(low, high, 2001))
+    return lambda tm: float(np.mean(np.ceil(xs / tm)))
+
+
+def grouped_masked_fp4(draw: bool = True) -> list[tuple[int, int, int, int, float, float, float]]:
+    """FlashInfer's sm100 masked grouped nvfp4 GEMM (b200_flashinfer_masked_grouped.csv) against the model as the
+    serving path prices a fused grouped kernel: b200's fp4 figure x the grouped tile/wave/depth model (one kernel,
+    no split-K, Blackwell K0), max(compute, weights + activations + output over the HBM rate) + the fixed kernel
+    cost. ``draw``: each group's row tiles as the benchmark draws them (:func:`_uniform_tiles`); else every group
+    the mean. Returns (groups, m, n, k, measured s, predicted s, compute share of the predicted time)."""
+    acc = CAT.accelerator("b200")
+    peak, fig, k0, sms = acc.peak("fp4"), acc.gemm_efficiency["fp4"], chip_gemm_k0(acc, "fp4"), acc.compute_units
+    out = []
+    for r in _rows("b200_flashinfer_masked_grouped.csv"):
+        g, m, n, k = int(r["num_groups"]), int(r["expected_m_per_group"]), int(r["n"]), int(r["k"])
+        t = float(r["us"]) * 1e-6
+        rows = float(r["tflops"]) * 1e12 * t / (2.0 * n * k)              # sum of the valid rows, as counted
+        mean = rows / g
+        if draw:
+            e = kernels._tile_round_efficiency(mean, n, k, g, sms, k0, False, m_tiles=_uniform_tiles(m))
+        else:
+            e = kernels.grouped_gemm_efficiency(g, mean, n, k, sms, k0)
+        e = min(e, kernels.gemm_efficiency(rows, n, k, sms, k0))
+        compute = 2.0 * rows * n * k / (peak * fig * e)
+        traffic = (g * n * k + rows * k) * BYTES["fp4"] + rows * n * 2.0
+        memory = traffic / (acc.hbm_bytes_per_s * acc.hbm_efficiency)
+        out.append((g, m, n, k, t, max(compute, memory) + KERNEL_FIXED_S, compute / max(compute, memory)))
+    return out
+
+
+def grouped_main() -> None:
+    acc = CAT.accelerator("b200")
+    print("\nBlackwell grouped GEMM at expert shapes: FlashInfer sm100 masked nvfp4 (b200_flashinfer_masked_grouped.csv)")
+    print("measured / predicted time with each group's drawn rows (mean rows in brackets); C compute-bound, M memory-bound"
+          " in the model; hbm: the weights + activations the model counts over the measured time, share of 7.7 TB/s")
+    mean_rows = {(g, m, n, k): p for g, m, n, k, _, p, _ in grouped_masked_fp4(draw=False)}
+    buckets: dict[str, list[float]] = {}
+    for g, m, n, k, t, p, share in grouped_masked_fp4():
+        bound = "C" if share >= 1.0 else "M"
+        rows = "<= 128" if m <= 128 else ("129-256" if m <= 256 else ">= 341")
+        buckets.setdefault(f"{bound} rows/expert {rows}", []).append(t / p)
+        traffic = (g * n * k + g * m * k) * BYTES["fp4"] + g * m * n * 2.0
+        hbm = traffic / (t - KERNEL_FIXED_S) / acc.hbm_bytes_per_s
+        print(f"  {g:3d} x {m:5d} x {n:5d} x {k:5d}  {t * 1e6:6.1f} us  {t / p:5.2f} ({t / mean_rows[(g, m, n, k)]:5.2f})"
+              f"  {bound}  hbm {hbm:.2f}")
+    for key, ratios in sorted(buckets.items()):
+        print(f"  {key:24s} {len(ratios):2d} rows: median {statistics.median(ratios):.2f}, "
+              f"range {min(ratios):.2f}-{max(ratios):.2f}")
+
 if __name__ == "__main__":
     main()
+    grouped_main()
