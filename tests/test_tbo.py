@@ -60,7 +60,7 @@ def test_stages_follow_sglangs_operations_strategy():
     assert pre[2] == ("shared", "wait_c", "pre", "attn", "send_d")
     assert len(pre) == 5
     dec = tbo.stages("decode", 2)
-    assert dec[:5] == [("pre",), ("attn",), ("send_d", "shared"), ("wait_d", "experts", "send_c"), ("wait_c",)]
+    assert dec[:5] == (("pre",), ("attn",), ("send_d", "shared"), ("wait_d", "experts", "send_c"), ("wait_c",))
     assert len(dec) == 10
 
 

@@ -84,7 +84,8 @@ class HalfLayer:
         return self.dispatch_s + self.combine_s
 
 
-def stages(schedule: str, layers: int) -> list[tuple[str, ...]]:
+@functools.lru_cache(maxsize=64)
+def stages(schedule: str, layers: int) -> tuple[tuple[str, ...], ...]:
     """The operations of ``layers`` MoE layers cut at their yields (SGLang's ``_convert_operations_to_stages``: the
     layers' operation lists concatenated, so a layer's last stage and the next one's first are one)."""
     ops = SCHEDULES[schedule] * layers
@@ -98,7 +99,7 @@ def stages(schedule: str, layers: int) -> list[tuple[str, ...]]:
             cur.append(op)
     if cur:
         out.append(tuple(cur))
-    return [s for s in out if s]
+    return tuple(s for s in out if s)
 
 
 def _run(start: float, work: float, busy: list[tuple[float, float]], k: int, rate: float) -> tuple[float, int]:
