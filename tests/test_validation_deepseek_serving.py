@@ -16,8 +16,14 @@ dispatch, bf16 combine, line rate; fmsim.model.deepep): -12.0 / -9.6 / -7.4 / +1
 latencies and a post per remote peer (inf-116: -19.5 %); now the exchange is priced by DeepEP's measured kernels
 (fmsim.model.deepep.layer_time_fn: the README's normal-kernel bandwidths per EP size, the low-latency table per EP
 size in calls of SGLang's 128 tokens a rank): -12.0 / -9.7 / -7.4 / -9.6 %, median |error| 9.65 %, worst 12.0 %
-(inf-113). Two-batch overlap, which SGLang ran, is still not priced (every file says so); ideally overlapped
-it would put every row well above its measurement. The bounds guard today's level.
+(inf-113). With two-batch overlap, which every row ran (``serving.two_batch_overlap: true``: the blog's 16,384
+tokens a device ran only with TBO; the decode command and the TBO ablation's 22,310 at 256 a device) priced as the
+timeline of SGLang's stages (fmsim.model.tbo: one micro-batch's DeepEP exchange behind the other's compute, each half's
+GEMMs at half the rows, DeepGEMM on the SMs DeepEP's normal kernels leave in prefill; without the catalog's
+overlap_clock for compute beside an exchange +43.6 / +48.0 / +49.0 / +22.1 %, with it): +31.7 / +33.3 / +33.2 /
++16.8 %, median |error| 32.4 %, worst 33.3 % (inf-114) -- every row above its measurement (the blog: the overlapped
+kernels run slower than alone, "reduced streaming multiprocessors (SMs) with TBO, potential noisy neighbor effects";
+the exchange's default-EPLB imbalance, not modelled). The bounds guard today's level.
 """
 from __future__ import annotations
 
@@ -35,8 +41,8 @@ INFERENCE = ROOT / "scenarios" / "validation" / "inference"
 PREFILL = {"inf-113": (1024, 57674), "inf-114": (2048, 54543), "inf-115": (4096, 50302)}   # prompt, tok/s/node
 DECODE = {"inf-116": 22282}                                                                # output tok/s/node
 ROWS = tuple(PREFILL) + tuple(DECODE)
-GUARD_MEDIAN_PCT = 10.5     # 9.65 % measured
-GUARD_WORST_PCT = 13.0      # 12.0 % measured (inf-113)
+GUARD_MEDIAN_PCT = 34.0     # 32.4 % measured (two-batch overlap priced; 9.65 % before, every row slower)
+GUARD_WORST_PCT = 35.0      # 33.3 % measured (inf-114; 12.0 % before, inf-113)
 
 
 @lru_cache(maxsize=1)
@@ -68,7 +74,7 @@ def test_files_state_what_they_leave_out():
 def test_deepseek_ep_rows_hold_todays_level():
     errs = errors()
     assert set(errs) == set(ROWS)
-    assert all(errs[n] < 0 for n in ROWS), errs             # every row runs faster measured than modelled (no TBO)
+    assert all(errs[n] > 0 for n in ROWS), errs             # every row modelled faster than measured (ideal overlap)
     vals = [abs(e) for e in errs.values()]
     assert statistics.median(vals) <= GUARD_MEDIAN_PCT, errs
     assert max(vals) <= GUARD_WORST_PCT, errs

@@ -30,9 +30,9 @@ This module counts the bytes; DeepEP's measured kernels price them (:func:`layer
 
 Neither pays NCCL's send/recv protocol latencies or its per-peer proxy posts: DeepEP is not NCCL.
 
-Not here: two-batch overlap (SGLang's ``--enable-two-batch-overlap``, DeepSeek's dual micro-batch), which hides
-part of this exchange behind the other micro-batch's compute -- not priced, for want of a source for how much of
-it a real overlap hides (the files that ran it say so).
+Two-batch overlap (SGLang's ``--enable-two-batch-overlap``, DeepSeek's dual micro-batch), which hides this exchange
+behind the other micro-batch's compute, is :mod:`fmsim.model.tbo`: it takes the dispatch and the combine apart
+(:func:`layer_times_fn`) and places each on the timeline SGLang's stages give.
 """
 from __future__ import annotations
 
@@ -90,6 +90,20 @@ def layer_time_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: i
     """``(tokens per rank, EP size) -> seconds`` of one MoE layer's DeepEP dispatch plus combine on ``instance``:
     :func:`exchange_sizes`'s bytes through DeepEP's measured kernels (module docstring). ``nodes``: the nodes the EP
     group spans (its members packed into as few as it fills)."""
+    parts = layer_times_fn(mode, instance, hidden=hidden, top_k=top_k, nodes=nodes, groups=groups,
+                           group_topk=group_topk, fp8_dispatch=fp8_dispatch, max_tokens=max_tokens)
+
+    def fn(tokens_per_rank: float, ep: int) -> float:
+        return sum(parts(tokens_per_rank, ep))
+
+    return fn
+
+
+def layer_times_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: int, groups: int = 1,
+                   group_topk: int = 0, fp8_dispatch: bool = True,
+                   max_tokens: int = LL_MAX_DISPATCH_TOKENS) -> Callable[[float, int], tuple[float, float]]:
+    """:func:`layer_time_fn`'s two parts, ``(tokens per rank, EP size) -> (dispatch, combine)`` seconds: two-batch
+    overlap (fmsim.model.tbo) launches and waits for each on its own."""
     from ..hardware.collectives import GroupShape, all_to_all_time
     from ..hardware.dispatch import deepep_low_latency_rates
 
@@ -113,19 +127,19 @@ def layer_time_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: i
             ab = affine[ep] = (t1 - slope, slope)
         return ab[0] + ab[1] * size if size > 0 else 0.0
 
-    def fn(tokens_per_rank: float, ep: int) -> float:
+    def fn(tokens_per_rank: float, ep: int) -> tuple[float, float]:
         if tokens_per_rank <= 0 or ep <= 1:
-            return 0.0
+            return 0.0, 0.0
         dispatch, combine = exchange_sizes(mode, tokens_per_rank=tokens_per_rank, hidden=hidden, top_k=top_k,
                                            nodes=nodes, groups=groups, group_topk=group_topk,
                                            fp8_dispatch=fp8_dispatch)
         if mode == "normal":
-            return normal_s(dispatch, ep) + normal_s(combine, ep)
+            return normal_s(dispatch, ep), normal_s(combine, ep)
         r = rates.get(ep)
         if r is None:
             r = rates[ep] = deepep_low_latency_rates(ep, instance)
         calls = math.ceil(tokens_per_rank / max_tokens)
         # each call: its bytes over the table's rate, never below one hop (dispatch.deepep_low_latency_s)
-        return calls * (max(dispatch / calls / r[0], r[2]) + max(combine / calls / r[1], r[2]))
+        return calls * max(dispatch / calls / r[0], r[2]), calls * max(combine / calls / r[1], r[2])
 
     return fn

@@ -36,7 +36,8 @@ import numpy as np
 from ..errors import ConfigError, OutOfMemoryError, ParallelismError
 from ..units import format_bytes
 from .architecture import causal_pairs, window_pairs
-from .deepep import DEEPEP_MODES, exchange_sizes, layer_time_fn
+from .deepep import DEEPEP_MODES, exchange_sizes, layer_times_fn
+from .tbo import tbo_decode_coeffs, tbo_gpu_time
 from .kernels import (
     BYTES_PER_ELEMENT,
     GEMM_K0,
@@ -540,11 +541,12 @@ class ServingCostModel:
     moe_comm: str = "all-to-all"
     moe_gather_bytes: float = ACT_BYTES
     #: DeepEP's exchange (``serving.deepep``, fmsim.model.deepep): mode, the nodes the engine spans, and
-    #: (tokens per rank, EP size) -> one MoE layer's dispatch + combine seconds through DeepEP's measured kernels
-    #: (fmsim.model.deepep.layer_time_fn; None: priced by ``collective``, a test's function, or not at all)
+    #: (tokens per rank, EP size) -> one MoE layer's (dispatch, combine) seconds through DeepEP's measured kernels
+    #: (fmsim.model.deepep.layer_times_fn; None: priced by ``collective``, a test's function, or not at all)
     deepep: str = "none"
     ep_nodes: int = 1
-    deepep_layer: Callable[[float, int], float] | None = field(default=None, compare=False, hash=False, repr=False)
+    deepep_layer: Callable[[float, int], tuple[float, float]] | None = field(default=None, compare=False, hash=False,
+                                                                             repr=False)
     #: a test's ``collective`` function prices DeepEP's byte counts instead: the model's router groups and
     #: whether the dispatch is fp8 (exchange_sizes)
     router_groups: int = 1
@@ -553,6 +555,16 @@ class ServingCostModel:
     #: the fused MoE op's workspace per expanded row (top-k x its rows; :func:`cutlass_moe_workspace_per_row`; 0: the
     #: generic MoE, whose workspace the memory model leaves to the activation buffers)
     moe_workspace_bytes_per_row: float = 0.0
+    #: SGLang's two-batch overlap (``serving.two_batch_overlap``, fmsim.model.tbo): the MoE layers run as two
+    #: micro-batches whose DeepEP exchange hides behind the other's compute; the MoE layers' share of the
+    #: non-expert GEMM time and of it the shared experts', their fixed kernel seconds, the SMs DeepEP's normal
+    #: kernels hold meanwhile, and the context a decode sequence has when its step is linearised (decode_coeffs)
+    two_batch_overlap: bool = False
+    moe_layer_dense_share: float = 0.0
+    moe_layer_shared_share: float = 0.0
+    moe_layer_kernel_s: float = 0.0
+    tbo_decode_context: float = 0.0
+    overlap_clock_ratio: float = 1.0    # the core clock while communication overlaps compute (catalog overlap_clock)
     collective: CollectiveFn | None = field(default=None, compare=False, hash=False, repr=False)
     _eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
     _expert_eff_cache: dict[int, float] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -599,15 +611,21 @@ class ServingCostModel:
     def _deepep_time(self, tokens: float, group: int) -> float:
         """DeepEP's dispatch and combine over the MoE layers: its measured kernels (fmsim.model.deepep.layer_time_fn),
         or, under a test's ``collective`` function, its byte counts through that function's all-to-all."""
-        layers = self.num_all_to_all // 2
+        return self.num_all_to_all // 2 * sum(self.deepep_parts(tokens / group))
+
+    def deepep_parts(self, tokens_per_rank: float) -> tuple[float, float]:
+        """One MoE layer's DeepEP (dispatch, combine) seconds at ``tokens_per_rank``: its measured kernels
+        (fmsim.model.deepep.layer_times_fn), or its byte counts through a test's ``collective`` all-to-all."""
+        group = self.engine_gpus // self.pp
         if self.deepep_layer is not None:
-            return layers * self.deepep_layer(tokens / group, group)
-        dispatch, combine = exchange_sizes(self.deepep, tokens_per_rank=tokens / group, hidden=self.hidden,
+            return self.deepep_layer(tokens_per_rank, group)
+        if self.collective is None or tokens_per_rank <= 0:
+            return 0.0, 0.0
+        dispatch, combine = exchange_sizes(self.deepep, tokens_per_rank=tokens_per_rank, hidden=self.hidden,
                                            top_k=self.top_k, nodes=self.ep_nodes, groups=self.router_groups,
                                            group_topk=self.router_group_topk, fp8_dispatch=self.deepep_fp8_dispatch)
         fn = self.collective
-        assert fn is not None
-        return layers * (fn("all-to-all", dispatch, group) + fn("all-to-all", combine, group))
+        return fn("all-to-all", dispatch, group), fn("all-to-all", combine, group)
 
     def dense_efficiency(self, tokens: float) -> float:
         """Compute efficiency of the non-expert GEMMs for a batch of ``tokens``: K depth and, on
@@ -648,19 +666,25 @@ class ServingCostModel:
         see every rank's tokens."""
         if tokens <= 0:
             return 0.0
+        return sum(self.linear_pieces(tokens, logits, rank_tokens, rank_logits))
+
+    def linear_pieces(self, tokens: float, logits: float, rank_tokens: float | None = None,
+                      rank_logits: float | None = None) -> tuple[float, float, float, float]:
+        """:meth:`linear_time`'s parts (seconds): non-expert GEMMs, element-wise passes, routed experts, LM head."""
         lt = tokens if rank_tokens is None else max(tokens, rank_tokens)
         ll = logits if rank_logits is None else max(logits, rank_logits)
         f, b = self.gemm_flop_per_s, self.hbm_bytes_per_s
-        t = max(self.dense_flop_per_token * lt / (f * self.dense_efficiency(lt)), self.dense_weight_bytes / b)
-        t += (self.elementwise_bytes_per_token * tokens + self.rank_elementwise_bytes_per_token * (lt - tokens)) / b
+        dense = max(self.dense_flop_per_token * lt / (f * self.dense_efficiency(lt)), self.dense_weight_bytes / b)
+        elem = (self.elementwise_bytes_per_token * tokens + self.rank_elementwise_bytes_per_token * (lt - tokens)) / b
+        experts = lm = 0.0
         if self.num_experts:
-            t += max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
-                     self.expert_weight_bytes * self._touched_fraction(tokens) / b)
+            experts = max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
+                          self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if ll > 0:
             lm_eff = (gemm_efficiency(math.ceil(ll / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
                                       self.lm_k0) if self.lm_n else self.lm_gemm_eff)
-            t += max(self.lm_flop_per_logit * ll / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
-        return t
+            lm = max(self.lm_flop_per_logit * ll / (self.lm_flop_per_s * lm_eff), self.lm_weight_bytes / b)
+        return dense, elem, experts, lm
 
     def kernel_time(self, tokens: float) -> float:
         """Fixed kernel costs of an iteration whose linear layers see ``tokens`` rows (the MoE op takes all of them:
@@ -680,19 +704,29 @@ class ServingCostModel:
                    self.kv_read_bytes_per_ctx * reads / self.hbm_bytes_per_s)
 
     def _gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
-        b = self.hbm_bytes_per_s
+        if self.two_batch_overlap and self.deepep != "none" and (w.prefill_pairs <= 0 or self.deepep == "normal"):
+            # SGLang's two-batch overlap (fmsim.model.tbo); no TBO for an extend batch under low-latency DeepEP
+            return tbo_gpu_time(self, w, padded_tokens)
+        return self._serial_gpu_time(w, padded_tokens)
+
+    def _serial_gpu_time(self, w: IterationWork, padded_tokens: int | None = None) -> float:
         tok = w.tokens if padded_tokens is None else padded_tokens
+        return sum(self.compute_pieces(w, padded_tokens)) + self.comm_time(tok) + self.kernel_time(tok)
+
+    def compute_pieces(self, w: IterationWork, padded_tokens: float | None = None) -> tuple[float, ...]:
+        """The compute of an iteration doing ``w`` (seconds): :meth:`linear_pieces` (non-expert GEMMs, element-wise,
+        routed experts, LM head), then attention and the KV writes."""
+        b = self.hbm_bytes_per_s
         if padded_tokens is None:
-            t = self.linear_time(tok, w.logits, w.rank_tokens, w.rank_logits)
+            lin = self.linear_pieces(w.tokens, w.logits, w.rank_tokens, w.rank_logits) if w.tokens > 0 else (0.0,) * 4
         else:
-            t = self.linear_time(tok, padded_tokens)
+            lin = self.linear_pieces(padded_tokens, padded_tokens)
+        attn = self._prefill_attention(w)
         if w.decode_ctx > 0:
-            t += max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
-                     self.kv_read_bytes_per_ctx * w.decode_ctx / b)
-        t += self._prefill_attention(w)
+            attn += max(self.attn_flop_per_pair_decode * w.decode_ctx / self.attn_flop_per_s,
+                        self.kv_read_bytes_per_ctx * w.decode_ctx / b)
         written = w.tokens if w.rank_tokens is None else max(w.tokens, w.rank_tokens)
-        t += self.kv_write_bytes_per_token * written / b
-        return t + self.comm_time(tok) + self.kernel_time(tok)
+        return (*lin, attn, self.kv_write_bytes_per_token * written / b)
 
     def _wall(self, gpu_s: float) -> float:
         # an engine whose CPU work is not overlapped keeps the GPU idle a fixed share of the time
@@ -764,9 +798,12 @@ class ServingCostModel:
         captured for the next larger size; padding rows attend to nothing).
         """
         w = IterationWork(tokens=n, logits=n, decode_seqs=n, decode_ctx=0.0)
-        g0 = self._gpu_time(w, padded_tokens=self.padded(n))
-        g1 = max(self.attn_flop_per_pair_decode / self.attn_flop_per_s,
-                 self.kv_read_bytes_per_ctx / self.hbm_bytes_per_s)
+        if self.two_batch_overlap and self.deepep != "none":
+            g0, g1 = tbo_decode_coeffs(self, w, self.padded(n))    # the overlapped step, linearised (tbo)
+        else:
+            g0 = self._gpu_time(w, padded_tokens=self.padded(n))
+            g1 = max(self.attn_flop_per_pair_decode / self.attn_flop_per_s,
+                     self.kv_read_bytes_per_ctx / self.hbm_bytes_per_s)
         scale = 1.0 / (1.0 - self.cpu_overhead_fraction)
         return g0 * scale + self.overhead_s, g1 * scale
 
@@ -844,7 +881,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      graph_batch_sizes: tuple[int, ...] = (), cpu_overhead_fraction: float = 0.0,
                      kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
                      attention_precision: str | None = None, moe_impl: str = "generic",
-                     deepep: str = "none") -> ServingCostModel:
+                     deepep: str = "none", two_batch_overlap: bool = False,
+                     tbo_decode_context: float = 0.0) -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -863,6 +901,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     kernels run it (fmsim.model.deepep: per-node forwarding or pure RDMA, fp8 dispatch, priced by DeepEP's measured
     kernel tables, fmsim.hardware.dispatch).
 
+    ``two_batch_overlap``: SGLang's two-batch overlap over the MoE layers (fmsim.model.tbo; needs ``deepep``);
+    ``tbo_decode_context``: the context a decode sequence has where the overlapped step is linearised.
+
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
     """
@@ -873,6 +914,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         raise ConfigError(f"moe_impl must be 'generic' or 'cutlass' (got {moe_impl!r})")
     if deepep not in DEEPEP_MODES:
         raise ConfigError(f"deepep must be one of {', '.join(DEEPEP_MODES)} (got {deepep!r})")
+    if two_batch_overlap and (deepep == "none" or not attention_dp or model.moe is None):
+        raise ConfigError("two_batch_overlap needs a DeepEP exchange (deepep normal or low_latency, attention DP, "
+                          "an MoE model): it overlaps one micro-batch's dispatch/combine with the other's compute")
     if tp < 1 or pp < 1 or ep < 1:
         raise ParallelismError(f"tp={tp}, pp={pp}, ep={ep} must all be >= 1")
     if pp > model.layers:
@@ -912,7 +956,8 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     p_attn_all = L * p_attn
     a_rate = acc.gemm_flop_per_s(precision) / acc.gemm_flop_per_s(a_prec) if a_prec != precision else 1.0
     dense_bytes = ((p_nonexp - p_attn_all) * bw + p_attn_all * BYTES_PER_ELEMENT[a_prec]) / tp
-    dense_flop = 2.0 * (p_nonexp - p_attn_all + p_attn_all * a_rate) / gpus
+    dense_rate_params = p_nonexp - p_attn_all + p_attn_all * a_rate
+    dense_flop = 2.0 * dense_rate_params / gpus
     # routed experts: spread over all the engine's GPUs; FLOPs follow the top-k tokens
     expert_bytes = n_moe * (moe.experts if moe else 0) * p_expert * bw / gpus
     expert_flop = 2.0 * n_moe * (moe.top_k if moe else 0) * p_expert / gpus
@@ -1073,6 +1118,13 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         moe_comm=moe_comm if groups > 1 else "all-to-all",
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
         **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
+        two_batch_overlap=two_batch_overlap, tbo_decode_context=tbo_decode_context,
+        overlap_clock_ratio=acc.overlap_clock_ratio,
+        moe_layer_dense_share=(n_moe * (p_attn * a_rate + p_shared + p_router) / dense_rate_params
+                               if moe and dense_rate_params else 0.0),
+        moe_layer_shared_share=n_moe * p_shared / dense_rate_params if moe and dense_rate_params else 0.0,
+        moe_layer_kernel_s=(n_moe * (KERNELS_MOE_LAYER + (3 if p_shared else 0)) * KERNEL_FIXED_S
+                            if kernel_fixed_s is None else 0.0),
         moe_workspace_bytes_per_row=cutlass_moe_workspace_per_row(
             model.hidden, moe.expert_ffn_hidden / (1 if groups > 1 else tp), precision, model.gated) if cutlass else 0.0,
     )
@@ -1082,12 +1134,12 @@ def _deepep_fields(deepep: str, model: Any, instance: Any, gpus: int, attention_
                    collective: Any) -> dict[str, Any]:
     """The cost model's DeepEP fields (``deepep``): none without an attention-DP MoE engine, or without a
     communication cost (``collective`` None); on the fabric model, DeepEP's measured kernels
-    (fmsim.model.deepep.layer_time_fn); under a test's function, its byte counts through that function."""
+    (fmsim.model.deepep.layer_times_fn); under a test's function, its byte counts through that function."""
     if deepep == "none" or not attention_dp or model.moe is None or collective is None:
         return {}
     nodes = max(1, math.ceil(gpus / instance.num_accelerators))
     groups, group_topk, fp8 = model.moe.router_groups or 1, model.moe.token_groups(), precision in ("fp8", "fp4")
-    layer = layer_time_fn(deepep, instance, hidden=model.hidden, top_k=model.moe.top_k, nodes=nodes, groups=groups,
+    layer = layer_times_fn(deepep, instance, hidden=model.hidden, top_k=model.moe.top_k, nodes=nodes, groups=groups,
                           group_topk=group_topk, fp8_dispatch=fp8) if collective == "fabric" else None
     return {"deepep": deepep, "ep_nodes": nodes, "deepep_layer": layer, "router_groups": groups,
             "router_group_topk": group_topk, "deepep_fp8_dispatch": fp8}

@@ -133,13 +133,20 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
                collective: Any, file: str | None, isl: float, osl: float, max_isl: float,
                attention_precision: str | None = None) -> Pool:
     sv = spec.serving
+    tbo = sv.two_batch_overlap and role != "verifier"
+    if tbo and (model.moe is None or not attention_dp or ep <= 1):
+        raise ConfigError("true needs an MoE model with its experts spread over attention-DP ranks (parallelism.ep "
+                          "> 1): two-batch overlap hides DeepEP's dispatch/combine", file=file,
+                          field="serving.two_batch_overlap")
     try:
         cost = build_cost_model(model, instance, precision=precision, kv_dtype=kv_dtype, tp=tp, pp=pp, ep=ep,
                                 attention_dp=attention_dp, overhead_s=profile.iteration_overhead_s,
                                 collective=collective, graph_batch_sizes=profile.graph_batch_sizes,
                                 cpu_overhead_fraction=profile.cpu_overhead_fraction,
                                 moe_comm=profile.moe_comm, attention_precision=attention_precision,
-                                moe_impl=profile.moe_impl, deepep=sv.deepep if attention_dp else "none")
+                                moe_impl=profile.moe_impl, deepep=sv.deepep if attention_dp else "none",
+                                two_batch_overlap=tbo,
+                                tbo_decode_context=isl + osl / 2.0)
     except ParallelismError as exc:     # the cost model knows no file: place it at the pool's own layout
         where = {"verifier": "test_time_compute.verifier.tp", "prefill": "serving.disaggregation.prefill_tp",
                  "decode": "serving.disaggregation.decode_tp"}.get(role)

@@ -40,7 +40,8 @@ TRAFFIC_KEYS = ("arrival", "rate", "burstiness", "concurrency", "requests", "dur
                 "prompt_len", "output_len", "max_total_len", "think_time", "cached_prefix_len")
 SERVING_KEYS = ("engine", "replicas", "max_seqs", "max_batch_tokens", "chunked_prefill", "mixed_batches",
                 "prefix_caching", "kv_block_size", "memory_fraction", "kv_cache_dtype", "admission",
-                "attention_dp", "router", "disaggregation", "attention_precision", "deepep")
+                "attention_dp", "router", "disaggregation", "attention_precision", "deepep",
+                "two_batch_overlap")
 DISAGG_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 TTC_KEYS = ("samples", "strategy", "revision_rounds", "thinking", "verifier")
 THINKING_KEYS = ("budget", "length")
@@ -451,6 +452,9 @@ class ServingSpec:
     #: the MoE exchange as DeepEP's kernels run it (SGLang's --deepep-mode): none | normal | low_latency
     #: (fmsim.model.deepep); needs attention_dp
     deepep: str = "none"
+    #: SGLang's --enable-two-batch-overlap (default off): the MoE layers as two micro-batches, one's DeepEP exchange
+    #: behind the other's compute (fmsim.model.tbo); needs deepep
+    two_batch_overlap: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -579,7 +583,18 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
         disaggregation=disagg,
         attention_precision=s.choice("attention_precision", KV_DTYPES, "auto"),
         deepep=_deepep(s),
+        two_batch_overlap=_two_batch_overlap(s),
     )
+
+
+def _two_batch_overlap(s: _Section) -> bool:
+    """``serving.two_batch_overlap``: only over a DeepEP exchange (SGLang's TBO splits DeepEP's dispatch and combine
+    from the compute; without one there is nothing for the other micro-batch to hide)."""
+    on = s.boolean("two_batch_overlap", False)
+    if on and s.choice("deepep", ("none", "normal", "low_latency"), "none") == "none":
+        raise s.err("two_batch_overlap", "true needs serving.deepep: normal or low_latency (two-batch overlap hides "
+                                         "one micro-batch's DeepEP dispatch/combine behind the other's compute)")
+    return on
 
 
 def _deepep(s: _Section) -> str:
