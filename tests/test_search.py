@@ -301,17 +301,17 @@ def test_dask_local_workers_give_the_local_answer_and_stop(sc, serial):
 
     before = _live_children()
     seen = []
-    real = executors._worker_chunks
+    real = executors.affinity_chunks
 
     def spy(groups, workers):
         seen.append(workers)
         return real(groups, workers)
 
-    executors._worker_chunks, saved = spy, executors._worker_chunks
+    executors.affinity_chunks, saved = spy, executors.affinity_chunks
     try:
         _same_answer(fmsim.search(sc, dask="local:2", **DASK_OPTS), serial)
     finally:
-        executors._worker_chunks = saved
+        executors.affinity_chunks = saved
     assert seen == [2]          # chunks cut for both workers
     assert _live_children() <= before
 
@@ -323,8 +323,8 @@ def test_dask_waits_for_a_scheduler_s_first_workers(sc, serial, monkeypatch):
     from fmsim.search import executors
 
     seen = []
-    real = executors._worker_chunks
-    monkeypatch.setattr(executors, "_worker_chunks", lambda groups, workers: seen.append(workers) or
+    real = executors.affinity_chunks
+    monkeypatch.setattr(executors, "affinity_chunks", lambda groups, workers: seen.append(workers) or
                         real(groups, workers))
     with distributed.LocalCluster(n_workers=0, threads_per_worker=1, processes=False,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:

@@ -5,10 +5,10 @@ chunks for the executor, evaluates them and hands each chunk's records to a call
 cache them and move the progress bar), and returns each chunk with its records -- the caller puts them
 back in plan order, so the answer does not depend on the executor or the chunking. The chunks: one
 process takes the groups in order, an eighth of the plans at a time (32 to :data:`SERIAL_CHUNK`); worker
-processes and Dask workers
-get :data:`TASKS_PER_WORKER` chunks each (more for large searches, at most :data:`MAX_CHUNK` plans a chunk),
-the groups dealt round-robin so that every chunk holds a like mix of cheap and costly plans and the
-workers finish together, with few tasks to schedule and few results to send back. The executors:
+processes get :data:`TASKS_PER_WORKER` chunks each (more for large searches, at most :data:`MAX_CHUNK` plans
+a chunk), the groups dealt round-robin so that every chunk holds a like mix of cheap and costly plans and the
+workers finish together, with few tasks to schedule and few results to send back; Dask workers get
+:func:`affinity_chunks` (each worker its own run of shard shapes, and a tail for whoever is free). The executors:
 
 * ``jobs == 1``: this process, chunk by chunk;
 * ``jobs > 1``: a :class:`concurrent.futures.ProcessPoolExecutor` whose workers hold the base scenario
@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from itertools import zip_longest
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -61,6 +62,50 @@ def deal(groups: Sequence[Sequence], tasks: int) -> list[list]:
 def _worker_chunks(groups: Sequence[Sequence], workers: int) -> list[list]:
     n = sum(len(g) for g in groups)
     return deal(groups, max(TASKS_PER_WORKER * workers, -(-n // MAX_CHUNK)))
+
+
+#: the axes of a plan key whose values fix its shard shapes (the estimate's caches key on them)
+SHARD_AXES = ("tp", "pp", "cp", "ep")
+#: the share of a Dask search's plans left as a tail of small chunks for whichever worker is free first
+TAIL_SHARE = 0.25
+
+
+def shard_key(key: Sequence) -> tuple:
+    """The shard shape of plan ``key``: its (tp, pp, cp, ep)."""
+    from .space import AXES
+
+    return tuple(key[AXES.index(a)] for a in SHARD_AXES)
+
+
+def affinity_chunks(groups: Sequence[Sequence], workers: int) -> list[tuple[list, int | None]]:
+    """``groups`` (each whole) as (chunk, worker index) for ``workers`` workers, or (chunk, None) for the
+    tail: the groups ordered by :func:`shard_key` (stable) and cut into ``workers`` runs of like plan count,
+    so that each worker warms the estimate's caches of its own shard shapes only; the last
+    :data:`TAIL_SHARE` of each run's plans is cut into :data:`TASKS_PER_WORKER` small chunks any worker
+    takes (dealt, so every tail chunk is a like mix), which evens out what the plan counts do not. A
+    worker's own part is dealt into ``TASKS_PER_WORKER - 1`` chunks (more past :data:`MAX_CHUNK` plans)."""
+    ordered = sorted(groups, key=lambda g: shard_key(g[0]))
+    total = sum(len(g) for g in ordered)
+    runs: list[list] = [[] for _ in range(max(1, workers))]
+    seen = 0
+    for g in ordered:
+        runs[min(len(runs) - 1, seen * len(runs) // max(1, total))].append(g)
+        seen += len(g)
+    own: list[tuple[list, int | None]] = []
+    tails: list[list] = []
+    for w, run in enumerate(runs):
+        n = sum(len(g) for g in run)
+        cut, kept = 0, 0
+        while cut < len(run) and kept + len(run[cut]) <= n * (1 - TAIL_SHARE):
+            kept += len(run[cut])
+            cut += 1
+        head, tail = run[:cut], run[cut:]
+        tasks = max(TASKS_PER_WORKER - 1, -(-kept // MAX_CHUNK))
+        own.extend((c, w) for c in deal(head, tasks))
+        tails.append(deal(tail, max(TASKS_PER_WORKER, -(-(n - kept) // MAX_CHUNK))))
+    # the tails interleaved by run: whichever worker is free takes the next, from any run
+    tail_chunks = [c for row in zip_longest(*tails) for c in row if c is not None]
+    return [*own, *((c, None) for c in tail_chunks)]
 
 
 def run_groups(groups: Sequence[Sequence], base, *, jobs: int = 1, dask: Any = None,
@@ -232,11 +277,18 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
     futures = []
     done = 0
     try:
-        chunks = _worker_chunks(groups, _dask_threads(client, expected))
+        _dask_threads(client, expected)
+        slots = [a for a, n in sorted(client.nthreads().items()) for _ in range(max(1, n))]
+        placed = affinity_chunks(groups, len(slots))
+        chunks = [c for c, _w in placed]
         out: list[Records | None] = [None] * len(chunks)
         # once per worker: the tasks carry plan keys only, and each worker builds one Evaluator on it
         base_f = client.scatter(base, broadcast=True, hash=False)
-        futures = client.map(evaluate_chunk_packed, chunks, base=base_f, pure=False)
+        # a worker's own chunks go to it (loosely: elsewhere if it is gone); the tail to whoever is free
+        futures = [client.submit(evaluate_chunk_packed, c, base=base_f, pure=False,
+                                 workers=[slots[w]] if w is not None and slots else None,
+                                 allow_other_workers=w is not None and bool(slots))
+                   for c, w in placed]
         index = {f.key: i for i, f in enumerate(futures)}
         for fut, blob in as_completed(futures, with_results=True):
             i = index[fut.key]
