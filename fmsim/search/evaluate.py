@@ -86,13 +86,16 @@ def init_worker(base, ignore_sigint: bool = True) -> None:
     """Process-pool initializer: hold ``base`` once per worker; leave Ctrl-C to the parent."""
     global _WORKER
     import gc
+    import signal
 
     from .driver import GC_YOUNG_THRESHOLD
 
     if ignore_sigint:
-        import signal
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a forked worker inherits the CLI's SIGTERM handler (which raises SearchInterrupted to stop the search):
+    # the parent ends its workers with SIGTERM, so a worker keeps the default action -- it ends, with no
+    # traceback on the search's stderr
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # the pool's process costs plans and nothing else: collected as the search's own process is while it
     # costs them (driver.GC_YOUNG_THRESHOLD)
     if 0 < gc.get_threshold()[0] < GC_YOUNG_THRESHOLD:
