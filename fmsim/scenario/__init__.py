@@ -14,7 +14,6 @@ those kinds validate them.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -197,7 +196,9 @@ def scenario_from_mapping(
     parallelism = _parallelism(top, wl_sec, workload, cluster)
     pricing = _pricing(top)
     measured, measured_source, measured_notes = _measured(top, workload.kind)
-    sc = Scenario(
+    raw_conf = top.raw("configuration", None)
+    listed = raw_conf.get("unknown") if isinstance(raw_conf, Mapping) else None
+    return Scenario(
         name=name,
         description=description,
         version=version,
@@ -219,11 +220,8 @@ def scenario_from_mapping(
         stated=tuple(p for p in SETTABLE if lookup(data, p) is not None or lookup(inherited, p) is not None),
         configuration=configuration,
         configuration_missing=missing,
+        configuration_unknown=_unknowns(listed, data, file, cat) if listed is not None else {},
     )
-    unknown = top.raw("configuration", None)
-    if isinstance(unknown, Mapping) and unknown.get("unknown") is not None:
-        sc = dataclasses.replace(sc, configuration_unknown=_unknowns(unknown["unknown"], data, file, cat))
-    return sc
 
 
 def _stack(data: Mapping[str, Any], file: str, cat: Catalog) -> tuple[str, dict[str, Any]]:

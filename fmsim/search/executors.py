@@ -28,9 +28,9 @@ import signal
 import sys
 import threading
 import time
-from itertools import zip_longest
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from itertools import zip_longest
 from typing import Any
 
 from ..errors import ConfigError

@@ -566,6 +566,7 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
                             prefill_tp=d.integer("prefill_tp", None, counts=True, maximum=MAX_GPUS),
                             decode_tp=d.integer("decode_tp", None, counts=True, maximum=MAX_GPUS))
     bs = _tokens(s, "kv_block_size", None)
+    deepep = _deepep(s)
     return ServingSpec(
         engine=engine,
         replicas=_count_or_auto(s, "replicas", MAX_GPUS),
@@ -582,16 +583,16 @@ def parse_serving(data: Any, file: str | None) -> ServingSpec:
         router=s.choice("router", ROUTERS, "least-loaded"),
         disaggregation=disagg,
         attention_precision=s.choice("attention_precision", KV_DTYPES, "auto"),
-        deepep=_deepep(s),
-        two_batch_overlap=_two_batch_overlap(s),
+        deepep=deepep,
+        two_batch_overlap=_two_batch_overlap(s, deepep),
     )
 
 
-def _two_batch_overlap(s: _Section) -> bool:
+def _two_batch_overlap(s: _Section, deepep: str) -> bool:
     """``serving.two_batch_overlap``: only over a DeepEP exchange (SGLang's TBO splits DeepEP's dispatch and combine
     from the compute; without one there is nothing for the other micro-batch to hide)."""
     on = s.boolean("two_batch_overlap", False)
-    if on and s.choice("deepep", ("none", "normal", "low_latency"), "none") == "none":
+    if on and deepep == "none":
         raise s.err("two_batch_overlap", "true needs serving.deepep: normal or low_latency (two-batch overlap hides "
                                          "one micro-batch's DeepEP dispatch/combine behind the other's compute)")
     return on
