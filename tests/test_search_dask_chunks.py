@@ -45,3 +45,19 @@ def test_workers_own_runs_of_shard_shapes_and_a_tail():
     assert affinity_chunks([], 2) == []
     one = affinity_chunks(groups[:1], 4)
     assert [k for c, _w in one for k in c] == groups[0]
+
+
+def test_a_task_s_plan_keys_travel_as_one_blob():
+    """A Dask task's plan keys are pickled whole (one argument for dask to walk, not one per key); the
+    worker reads the blob and the keys alike."""
+    import pickle
+    from pathlib import Path
+
+    from fmsim.scenario import load_scenario
+    from fmsim.search.evaluate import evaluate_chunk_packed
+
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios/examples/llama3-70b-p5.yaml")
+    keys = [_key(tp, 1, 1, 8) for tp in (8, 4)]
+    as_list = pickle.loads(evaluate_chunk_packed(keys, sc))
+    assert pickle.loads(evaluate_chunk_packed(pickle.dumps(keys), sc)) == as_list
+    assert len(as_list) == 2 and {r["status"] for r in as_list} <= {"ok", "memory", "rule"}

@@ -285,7 +285,8 @@ def _run_dask(groups: Sequence[Sequence], base, dask: Any,
         # once per worker: the tasks carry plan keys only, and each worker builds one Evaluator on it
         base_f = client.scatter(base, broadcast=True, hash=False)
         # a worker's own chunks go to it (loosely: elsewhere if it is gone); the tail to whoever is free
-        futures = [client.submit(evaluate_chunk_packed, c, base=base_f, pure=False,
+        futures = [client.submit(evaluate_chunk_packed, pickle.dumps(c, protocol=pickle.HIGHEST_PROTOCOL),
+                                 base=base_f, pure=False,
                                  workers=[slots[w]] if w is not None and slots else None,
                                  allow_other_workers=w is not None and bool(slots))
                    for c, w in placed]
