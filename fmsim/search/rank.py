@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 EXPLICIT = "explicit"   # the scenario's own pricing: {usd_per_hour: N}
@@ -58,25 +58,21 @@ def priced(row: Mapping[str, Any], option: str, catalog, explicit_usd_per_hour: 
 
 @dataclass(frozen=True, slots=True)
 class Ranked:
-    """One costed plan under one pricing option: its key, row and bottleneck sentence."""
+    """One costed plan under one pricing option: its key, row and bottleneck sentence; the measures it is
+    sorted by are read from the row once, as it is made (a search sorts thousands of them several times)."""
 
     key: tuple
     row: Mapping[str, Any]
     why: str
+    time_s: float = field(init=False, compare=False, repr=False)    # time to train; inf without one
+    cost: float = field(init=False, compare=False, repr=False)      # dollars to train; inf without a price
+    sort_key: tuple = field(init=False, compare=False, repr=False)  # the tie-break: plan key, pricing option
 
-    @property
-    def time_s(self) -> float:
-        t = self.row.get("time_to_train_s")
-        return float(t) if t is not None else math.inf
-
-    @property
-    def cost(self) -> float:
-        c = self.row.get("cost_usd")
-        return float(c) if c is not None else math.inf
-
-    @property
-    def sort_key(self) -> tuple:
-        return (repr(self.key), self.row.get("pricing_option") or "")
+    def __post_init__(self) -> None:
+        t, c = self.row.get("time_to_train_s"), self.row.get("cost_usd")
+        object.__setattr__(self, "time_s", float(t) if t is not None else math.inf)
+        object.__setattr__(self, "cost", float(c) if c is not None else math.inf)
+        object.__setattr__(self, "sort_key", (repr(self.key), self.row.get("pricing_option") or ""))
 
 
 def runnable(items: Iterable[Ranked]) -> list[Ranked]:
