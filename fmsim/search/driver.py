@@ -216,17 +216,18 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
             new = run_groups(_by_shared_work(todo), base, jobs=jobs, dask=dask, on_chunk=on_chunk) if todo else []
     finally:
         cache.close()
-    fresh = {k: r for chunk, recs in new for k, r in zip(chunk, recs)}
-    records = [(k, found[i] if i in found else fresh[k]) for i, k in enumerate(keys)]
-
-    goals = (("deadline", deadline_s), ("budget", budget_usd))
-    goal = "+".join(g for g, v in goals if v is not None) or "frontier"
-    out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
-                       cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit, _book=book)
-    out.ranked = [r for k in keys if k in ranks for r in ranks[k]]
-    out.ordered = goal_order(out.ranked, deadline_s=deadline_s, budget_usd=budget_usd)
-    out.frontier = pareto_frontier(out.ranked)
-    out.winners = winners_by_instance(out.ordered)
+    with _fewer_collections():      # the records in plan order and the rankings: many small objects at once
+        fresh = {k: r for chunk, recs in new for k, r in zip(chunk, recs)}
+        records = [(k, found[i] if i in found else fresh[k]) for i, k in enumerate(keys)]
+        goals = (("deadline", deadline_s), ("budget", budget_usd))
+        goal = "+".join(g for g, v in goals if v is not None) or "frontier"
+        out = SearchResult(space=space, goal=goal, deadline_s=deadline_s, budget_usd=budget_usd, records=records,
+                           cached=len(found), elapsed_s=0.0, catalog=cat, explicit_usd_per_hour=explicit,
+                           _book=book)
+        out.ranked = [r for k in keys if k in ranks for r in ranks[k]]
+        out.ordered = goal_order(out.ranked, deadline_s=deadline_s, budget_usd=budget_usd)
+        out.frontier = pareto_frontier(out.ranked)
+        out.winners = winners_by_instance(out.ordered)
     out.elapsed_s = time.perf_counter() - t0
 
     # the discrete-event re-check: the best `top` plans and each instance's winner
