@@ -31,11 +31,14 @@ def add_parser(subparsers: Any) -> None:
         "search",
         help="search training plans x instance types x node counts x pricing for the cheapest or fastest",
         description="Enumerate training plans (tp, pp, vpp, cp, ep, micro-batch, ZeRO, recompute, "
-                    "offloading) over instance types, node counts and pricing options; refuse what cannot "
-                    "run, cost the rest with the analytical estimate, re-check the best with the simulation. "
-                    "--deadline: the cheapest plan that trains workload.train_tokens in time; --budget: the "
-                    "fastest within the money; neither: the Pareto frontier of time to train against cost. "
-                    "See docs/search.md.")
+                    "offloading, global batch) over instance types, node counts and pricing options; refuse "
+                    "what cannot run, cost the rest with the analytical estimate, re-check the best with the "
+                    "simulation. --deadline: the cheapest plan that trains workload.train_tokens in time; "
+                    "--budget: the fastest within the money; neither: the Pareto frontier of time to train "
+                    "against cost. Time to train is train_tokens over tokens per second at any global batch "
+                    "(a larger batch is fewer steps): the search does not model the effect of the batch size "
+                    "on convergence (past the critical batch size more tokens are needed for the same "
+                    "loss). See docs/search.md.")
     p.add_argument("scenario", help="a kind: pretrain or finetune scenario file (with workload.train_tokens)")
     p.add_argument("--instances", help="comma-separated instance types (default: the scenario's)")
     p.add_argument("--nodes", help="node counts: LO..HI (doubling: 8..1024) or a list 8,12,16 "
@@ -50,6 +53,10 @@ def add_parser(subparsers: Any) -> None:
                        ("offload", "activation-offloaded layers")):
         p.add_argument(f"--{axis}", metavar="LIST",
                        help=f"{what} to try, comma-separated (default: docs/search.md)")
+    p.add_argument("--global-batch", metavar="LIST",
+                   help="global batches to try, sequences per step, comma-separated, e.g. 1024,2048,4096 "
+                        "(default: the scenario's workload.global_batch). Not modelled: the batch size's "
+                        "effect on convergence -- every batch is taken to need the same train_tokens")
     p.add_argument("--recompute", metavar="LIST",
                    help="recompute modes to try: none,selective,full (default: all)")
     p.add_argument("--top", type=int, default=3, metavar="K",
@@ -91,7 +98,7 @@ def _plan_text(key: tuple) -> str:
     out += f" mb{p['micro_batch']} zero{p['zero']} {p['recompute']}"
     if p["offload_activations"]:
         out += f" offload{p['offload_activations']}"
-    return out
+    return out + f" gb{p['global_batch']}"
 
 
 def _line(r, *, why: bool = True) -> str:
@@ -136,7 +143,8 @@ def search_args(args: argparse.Namespace) -> dict[str, Any]:
             "cp": _ints(args, "cp", "--cp"), "ep": _ints(args, "ep", "--ep"),
             "micro_batch": _ints(args, "micro_batch", "--micro-batch"),
             "zero": _ints(args, "zero", "--zero", minimum=0),
-            "offload_activations": _ints(args, "offload", "--offload", minimum=0)}
+            "offload_activations": _ints(args, "offload", "--offload", minimum=0),
+            "global_batch": _ints(args, "global_batch", "--global-batch")}
     if axes["zero"] and max(axes["zero"]) > 3:
         raise ConfigError(f"--zero: {args.zero!r}: ZeRO stages are 0..3")
     if args.recompute is not None:
@@ -169,8 +177,9 @@ def render(res, sc) -> str:
     c = res.counts
     sp = res.space
     reasons = ", ".join(f"{f} {n:,}" for f, n in res.rule_reasons.most_common(4))
+    batches = f" x {len(sp.global_batch)} global batches" if len(sp.global_batch) > 1 else ""
     lines = [f"search {sc.name}: {len(res.records):,} plans over {len(sp.instance)} instance type(s) x "
-             f"{len(sp.nodes)} node count(s), priced {', '.join(sp.pricing)}; {c['ok']:,} fit and were "
+             f"{len(sp.nodes)} node count(s){batches}, priced {', '.join(sp.pricing)}; {c['ok']:,} fit and were "
              f"costed, "
              f"{c['memory']:,} do not fit in memory, {c['rule']:,} refused before costing"
              + (f" ({reasons})" if reasons else "")
@@ -199,9 +208,8 @@ def render(res, sc) -> str:
         if res.goal == "frontier":
             lines.append("no plan meets the goal")
             return "\n".join(lines)
-        lines.append("no plan meets the goal (widen --nodes, --instances or the goal; the global batch is held at "
-                     f"the scenario's {sc.workload.global_batch:,} sequences: --set workload.global_batch=N to "
-                     "change it); nearest per instance type:")
+        lines.append(f"no plan meets the goal (widen --nodes, --instances or the goal; {_batch_hint(res, sc)}); "
+                     "nearest per instance type:")
         lines += [f"  {text}" for text in _missed(res)]
         return "\n".join(lines)
     label = "cheapest in time" if res.goal.startswith("deadline") else "fastest"
@@ -230,6 +238,16 @@ def render(res, sc) -> str:
     else:
         lines.append(f"winner (estimate): {_line(res.ordered[0])}")
     return "\n".join(lines)
+
+
+def _batch_hint(res, sc) -> str:
+    """Where the global batch stood: the scenario's alone (``--global-batch`` tries others) or those tried."""
+    tried = res.space.global_batch
+    if tried == (sc.workload.global_batch,):
+        gb = sc.workload.global_batch
+        return (f"the global batch is held at the scenario's {gb:,} sequences: --global-batch "
+                f"{gb},{2 * gb},{4 * gb} tries others")
+    return f"global batches tried: {', '.join(f'{g:,}' for g in tried)} sequences (widen --global-batch)"
 
 
 def _missed(res) -> list[str]:

@@ -84,8 +84,30 @@ def test_open_a_plan_on_the_training_page(page, expected):
     chosen = next(r for r in [*expected.frontier, *expected.winners.values(), *expected.ordered[:20]]
                   if search_view.plan_label(r.key, r.row["pricing_option"]) == label)
     knobs = search_view.training_knobs(chosen.key, chosen.row["pricing_option"])
-    for knob in ("tp", "pp", "nodes", "instance", "recompute", "zero"):
+    for knob in ("tp", "pp", "nodes", "instance", "recompute", "zero", "global_batch"):
         assert at.session_state[f"train.{knob}"] == knobs[knob], knob      # the Training page's own keys
     assert any("Training what-if" in t.value for t in at.title)
     assert at.select_slider(key="train.tp").value == knobs["tp"]           # the page drew the plan's knobs
     assert at.number_input(key="train.nodes").value == knobs["nodes"]
+
+
+def test_global_batches_are_searched_from_the_sidebar_and_a_bad_list_is_one_error():
+    """The global-batch box holds the scenario's batch; a list searches each, as fmsim.search does; bad
+    text is the search's one-line error, no exception."""
+    at = AppTest.from_file(str(APP / "Home.py"), default_timeout=TIMEOUT_S)
+    at.run()
+    at.switch_page("pages/6_Search.py")
+    at.run()
+    assert at.text_input(key="search.global_batch").value == "128"
+    at.text_input(key="search.nodes").set_value("8").run()
+    at.text_input(key="search.global_batch").set_value("128,256").run()
+    assert not at.exception, [e.value for e in at.exception]
+    sc = fmsim.load_scenario(LLAMA)
+    want = fmsim.search(sc, instances=("p5.48xlarge",), nodes=(8,), pricing=("on-demand",), top=0, jobs=1,
+                        cache_dir=False, axes={"global_batch": (128, 256)})
+    frontier = frame(at, "bottleneck")
+    assert list(frontier["plan"]) == [search_view.plan_label(r.key, r.row["pricing_option"])
+                                      for r in want.frontier]
+    assert any(" gb256 " in label for label in frame(at, "plan")["plan"])
+    at.text_input(key="search.global_batch").set_value("128,zero").run()
+    assert not at.exception and any("--global-batch" in e.value for e in at.error)

@@ -77,13 +77,13 @@ def test_an_instance_type_that_misses_the_goal_gets_its_nearest_plan(capsys):
 
 def test_no_plan_meeting_the_goal_names_the_nearest_per_instance_type(capsys):
     """A deadline no plan meets: the report says so, names each instance type's fastest plan, and points at
-    the held global batch (the search does not vary it)."""
+    the held global batch (the scenario's alone unless --global-batch asks for more)."""
     rc = main(["search", EXAMPLE, "--instances", "p5.48xlarge,p6-b200.48xlarge", "--nodes", "8",
                "--deadline", "1d", "--top", "0", *NARROW])
     text = capsys.readouterr().out
     assert rc == 0
     tail = text.split("no plan meets the goal", 1)[1]
-    assert "workload.global_batch" in tail and "128 sequences" in tail
+    assert "--global-batch 128,256,512" in tail and "128 sequences" in tail
     for inst in ("p5.48xlarge", "p6-b200.48xlarge"):
         assert f"{inst}: none meets the goal; fastest: {inst} x8" in tail
     assert "(estimate; 1 plans" not in text

@@ -8,7 +8,7 @@ from fmsim.search.space import AXES
 
 def _key(tp, pp, mb, node):
     k = dict(instance="p5.48xlarge", nodes=node, tp=tp, pp=pp, vpp=1, cp=1, ep=1, micro_batch=mb, zero=1,
-             recompute="none", offload_activations=False)
+             recompute="none", offload_activations=False, global_batch=128)
     return tuple(k[a] for a in AXES)
 
 

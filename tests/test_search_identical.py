@@ -28,6 +28,11 @@ CASES = {
     "mixtral-8x22b": ("scenarios/examples/mixtral-8x22b-p6-b200.yaml", {},
                       dict(nodes=(8, 16), axes={"tp": (2, 4), "pp": (1, 4), "vpp": (1,), "ep": (1, 8),
                                                 "micro_batch": (1,), "recompute": ("selective", "full")})),
+    # the global batch as an axis: batches dp x micro-batch divides, and those it does not (refused)
+    "llama3-70b-batches": ("scenarios/examples/llama3-70b-p5.yaml", {},
+                           dict(nodes=(8,), axes={"tp": (4, 8), "pp": (1, 2, 4), "vpp": (1, 2),
+                                                  "micro_batch": (1, 2), "recompute": ("selective",),
+                                                  "zero": (1,), "global_batch": (96, 128, 1000)})),
     # hybrid sharding, context parallelism and offloaded activations
     "llama3-70b-hsdp": ("scenarios/examples/llama3-70b-hsdp-p5.yaml", {},
                         dict(nodes=(8, 16), axes={"tp": (4, 8), "pp": (1, 2), "vpp": (1,), "cp": (1, 2),
@@ -43,7 +48,8 @@ def _overrides(key, extra) -> dict:
             "parallelism.ep": p["ep"], "workload.micro_batch": p["micro_batch"], "parallelism.zero": p["zero"],
             "parallelism.recompute": p["recompute"], "parallelism.offload_activations": p["offload_activations"],
             "parallelism.schedule": "interleaved" if p["vpp"] > 1 else "1f1b", "parallelism.dp": "auto",
-            "parallelism.dp_shard": "auto", "expect": None, "measured": None}
+            "parallelism.dp_shard": "auto", "workload.global_batch": p["global_batch"], "expect": None,
+            "measured": None}
 
 
 def _unshared(path, key, extra) -> dict:

@@ -2,7 +2,7 @@
 
 Owns what the page shows from one search: the time/cost points with the frontier marked, the best plan
 per instance type, a tp x pp grid of step time for one instance type and node count (each cell the best
-plan over the other axes; a cell with none says why: the rule that refused its plans, or memory), how
+plan over the other axes, the global batch included; a cell with none says why: the rule that refused its plans, or memory), how
 many nodes each instance type needs to train N tokens in D days (time to train scales with the tokens:
 same step, more steps), and the Training page's knob values of a plan (to open it there as a what-if).
 """
@@ -30,7 +30,7 @@ def plan_label(key: tuple, option: str) -> str:
     for axis in ("vpp", "cp", "ep"):
         if p[axis] > 1:
             text += f" {axis}{p[axis]}"
-    return text + f" mb{p['micro_batch']} zero{p['zero']} {p['recompute']} · {option}"
+    return text + f" mb{p['micro_batch']} zero{p['zero']} {p['recompute']} gb{p['global_batch']} · {option}"
 
 
 def points_frame(res) -> pd.DataFrame:
@@ -114,6 +114,7 @@ def training_knobs(key: tuple, option: str) -> dict[str, Any]:
     p = plan_dict(key)
     knobs = {"instance": p["instance"], "nodes": int(p["nodes"]), "tp": p["tp"], "pp": p["pp"],
              "vpp": p["vpp"], "cp": p["cp"], "ep": p["ep"], "micro_batch": int(p["micro_batch"]),
+             "global_batch": int(p["global_batch"]),
              "zero": p["zero"],
              "recompute": p["recompute"], "recompute_layers": 0, "dp_shard": 0,
              "schedule": "interleaved" if p["vpp"] > 1 else "1f1b"}

@@ -33,13 +33,16 @@ widgets.page_setup("Search", ":material/travel_explore:")
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def run_search(text: str, label: str, instances: tuple, nodes: str, pricing: tuple,
-               deadline_days: float | None, budget_usd: float | None):
-    """One search (deterministic: the same inputs give the same result), kept for the session's reruns."""
+               deadline_days: float | None, budget_usd: float | None, global_batch: str = ""):
+    """One search (deterministic: the same inputs give the same result), kept for the session's reruns.
+    ``global_batch``: the global batches to try, as ``--global-batch`` takes them (empty: the scenario's)."""
     sc, err, _hint = cache.base(text, label)
     if sc is None:
         raise fmsim.ConfigError(err)
+    axes = {"global_batch": global_batch} if global_batch.strip() else None
     return fmsim.search(sc, instances=instances, nodes=nodes, pricing=pricing, top=0, jobs=1, cache_dir=False,
-                        deadline_s=deadline_days * 86400 if deadline_days else None, budget_usd=budget_usd)
+                        deadline_s=deadline_days * 86400 if deadline_days else None, budget_usd=budget_usd,
+                        axes=axes)
 
 
 def open_on_training(label: str, text: str, key: tuple, option: str) -> None:
@@ -73,6 +76,10 @@ def main() -> None:
     sb.multiselect("Instance types", aws, default=[own] if own in aws else aws[:1], key=f"{P}.instances")
     sb.text_input("Node counts", value=f"{sc.cluster.nodes}..{sc.cluster.nodes * 4}", key=f"{P}.nodes",
                   help="LO..HI doubles from LO (8..64: 8, 16, 32, 64), or a list: 8,12,16")
+    sb.text_input("Global batches (sequences)", value=str(sc.workload.global_batch), key=f"{P}.global_batch",
+                  help="a list such as 1024,2048,4096 (default: the scenario's). Time to train is the tokens "
+                       "over tokens per second at any batch: the batch size's effect on convergence (the "
+                       "critical batch size) is not modelled")
     sb.multiselect("Pricing options", list(logic.PRICING_OPTIONS), default=[sc.pricing.option or "on-demand"],
                    key=f"{P}.pricing")
     goal = sb.radio("Goal", GOALS, key=f"{P}.goal")
@@ -94,7 +101,7 @@ def main() -> None:
         pricing = tuple(st.session_state.get(f"{P}.pricing") or ()) or (sc.pricing.option or "on-demand",)
         with st.spinner("Searching…"):
             res = run_search(source.text, source.label, tuple(st.session_state[f"{P}.instances"]), nodes,
-                             pricing, deadline, budget)
+                             pricing, deadline, budget, st.session_state.get(f"{P}.global_batch") or "")
     except fmsim.FmsimError as exc:
         st.error(str(exc))
         return
@@ -122,7 +129,8 @@ def main() -> None:
         st.dataframe(search_view.winners_frame(res), hide_index=True, column_config=_COLUMNS,
                      key=f"{P}.winners")
     else:
-        st.warning("No plan meets the goal: widen the node counts, the instance types or the goal.")
+        st.warning("No plan meets the goal: widen the node counts, the instance types, the global batches or "
+                   "the goal.")
 
     st.subheader("Step time over tp × pp")
     h1, h2 = st.columns(2)

@@ -17,7 +17,7 @@ from .reader import _Section
 from .run import _pricing
 from .schema import TOP_KEYS
 from .spec import Scenario
-from .workload import WORKLOAD_KEYS
+from .workload import WORKLOAD_KEYS, check_tokens_per_step
 from .writer import scenario_to_mapping
 
 
@@ -32,6 +32,7 @@ def with_plan(
     nodes: int | None = None,
     cluster: Cluster | None = None,
     micro_batch: int | None = None,
+    global_batch: int | None = None,
     pricing: Any = None,
     catalog: Catalog | None = None,
     mapping: Mapping[str, Any] | None = None,
@@ -42,7 +43,7 @@ def with_plan(
     Loading a file costs milliseconds (YAML, the model, every section); a plan search needs thousands
     of variants of one validated scenario. This re-runs only the ``parallelism:`` rules (always: they tie
     the model, the batch and the cluster together), the ``cluster:`` rules and the precision check when
-    the cluster changes, the micro-batch rule and the pricing rule when given -- the same functions
+    the cluster changes, the micro-batch and global-batch rules and the pricing rule when given -- the same functions
     :func:`scenario_from_mapping` runs, so a variant is accepted or refused exactly as the file with
     those values would be, with the same message.
 
@@ -54,6 +55,8 @@ def with_plan(
         Or a cluster :func:`plan_cluster` built already (a search builds each one once).
     micro_batch:
         ``workload.micro_batch``.
+    global_batch:
+        ``workload.global_batch`` (sequences per step; its rules: a count, and the tokens-per-step bound).
     pricing:
         A pricing option name or ``{"usd_per_hour": N}``.
     mapping:
@@ -70,16 +73,16 @@ def with_plan(
         As loading the changed file would.
     """
     return PlanVariants(sc, catalog=catalog, mapping=mapping).derive(
-        instance=instance, nodes=nodes, cluster=cluster, micro_batch=micro_batch, pricing=pricing,
-        **parallelism)
+        instance=instance, nodes=nodes, cluster=cluster, micro_batch=micro_batch, global_batch=global_batch,
+        pricing=pricing, **parallelism)
 
 
 class PlanVariants:
     """Variants of one validated scenario, as :func:`with_plan` derives them, for many plans in a row.
 
     What does not change from one variant to the next is worked out once and kept: the scenario's
-    mapping, the workload of each micro-batch (the reader's ``workload.micro_batch`` rule, run once per
-    value), and the precision check of each cluster it is given (its answer, or its error, kept with the
+    mapping, the workload of each micro-batch and global batch (the reader's ``workload.micro_batch`` and
+    ``workload.global_batch`` rules, run once per pair of values), and the precision check of each cluster it is given (its answer, or its error, kept with the
     cluster object). Each :meth:`derive` then runs the ``parallelism:`` rules in full -- they tie the
     model, the batch and the cluster together -- and the pricing rule when given, so a variant is
     accepted or refused as :func:`with_plan` accepts or refuses it, with the same message.
@@ -92,24 +95,34 @@ class PlanVariants:
         self.mapping = mapping if mapping is not None else scenario_to_mapping(sc, catalog=self.catalog)
         # the scenario's constructor arguments, for each variant (what dataclasses.replace would gather)
         self._fields = {f.name: getattr(sc, f.name) for f in dataclasses.fields(sc) if f.init}
-        self._workloads: dict[int | None, tuple[Any, _Section]] = {}
+        self._workloads: dict[tuple[int | None, int | None], tuple[Any, _Section]] = {}
         self._precision: dict[tuple[int | None, int], tuple[Cluster, ConfigError | None]] = {}
 
-    def _workload(self, micro_batch: int | None) -> tuple[Any, _Section]:
-        """(workload, its section) with ``micro_batch`` (``None``: the scenario's), checked once per value."""
-        hit = self._workloads.get(micro_batch)
+    def _workload(self, micro_batch: int | None, global_batch: int | None = None) -> tuple[Any, _Section]:
+        """(workload, its section) with ``micro_batch`` and ``global_batch`` (``None``: the scenario's),
+        checked once per pair of values, in the reader's order (the micro-batch, then the global batch)."""
+        key = (micro_batch, global_batch)
+        hit = self._workloads.get(key)
         if hit is None:
             sc, file = self.sc, self.sc.file
             wl_map = dict(self.mapping["workload"])
             workload = sc.workload
+            changes: dict[str, int] = {}
             if micro_batch is not None:
                 wl_map["micro_batch"] = micro_batch
-                workload = dataclasses.replace(
-                    workload, micro_batch=_Section(wl_map, file, "workload", WORKLOAD_KEYS)
-                    .integer("micro_batch", counts=True))
+                changes["micro_batch"] = _Section(wl_map, file, "workload", WORKLOAD_KEYS) \
+                    .integer("micro_batch", counts=True)
+            if global_batch is not None:
+                wl_map["global_batch"] = global_batch
+                wl_sec = _Section(wl_map, file, "workload", WORKLOAD_KEYS)
+                changes["global_batch"] = wl_sec.integer(
+                    "global_batch", counts=True, hint="sequences per optimizer step, or global_batch_tokens")
+                check_tokens_per_step(wl_sec, workload.seq_len, changes["global_batch"])
+            if changes:
+                workload = dataclasses.replace(workload, **changes)
             hit = (workload, _Section(wl_map, file, "workload", WORKLOAD_KEYS))
-            if len(self._workloads) < 256:      # bounded: a search tries a handful of micro-batch sizes
-                self._workloads[micro_batch] = hit
+            if len(self._workloads) < 256:      # bounded: a search tries a handful of batch sizes
+                self._workloads[key] = hit
         return hit
 
     def _check_precision(self, micro_batch: int | None, workload: Any, wl_sec: _Section,
@@ -129,7 +142,8 @@ class PlanVariants:
             raise hit[1].with_traceback(None)
 
     def derive(self, *, instance: str | None = None, nodes: int | None = None, cluster: Cluster | None = None,
-               micro_batch: int | None = None, pricing: Any = None, **parallelism: Any) -> Scenario:
+               micro_batch: int | None = None, global_batch: int | None = None, pricing: Any = None,
+               **parallelism: Any) -> Scenario:
         """The variant (arguments as :func:`with_plan`'s)."""
         sc = self.sc
         unknown = [k for k in parallelism if k not in PARALLELISM_KEYS]
@@ -137,7 +151,7 @@ class PlanVariants:
             raise ConfigError(f"unknown key {unknown[0]!r}{suggest(unknown[0], PARALLELISM_KEYS)}",
                               file=sc.file, field="parallelism")
         file = sc.file
-        workload, wl_sec = self._workload(micro_batch)
+        workload, wl_sec = self._workload(micro_batch, global_batch)
         if cluster is None and (instance is not None or nodes is not None):
             cluster = plan_cluster(sc, instance=instance, nodes=nodes, catalog=self.catalog)
         if cluster is not None:

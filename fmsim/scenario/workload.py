@@ -175,6 +175,15 @@ def _tokens_to_sequences(wl: _Section, seq_len: int) -> int:
     )
 
 
+def check_tokens_per_step(wl: _Section, seq_len: int, global_batch: int) -> None:
+    """The reader's bound on a step's tokens (``seq_len x global_batch``; :data:`MAX_TOKENS_PER_STEP`)."""
+    if seq_len * global_batch > MAX_TOKENS_PER_STEP:
+        key = "global_batch_tokens" if wl.has("global_batch_tokens") else "global_batch"
+        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past "
+                     f"the {MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 "
+                     "sequences or 16M tokens)")
+
+
 def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     wl = top.section("workload", WORKLOAD_KEYS, required=True)
     assert wl is not None
@@ -202,11 +211,7 @@ def _workload(top: _Section, catalog: Catalog) -> tuple[Workload, _Section]:
     if seq_len > MAX_SEQ_LEN:
         raise wl.err("seq_len", f"{seq_len:,} tokens per sequence is past the {MAX_SEQ_LEN:,} any run could "
                      "need (expected a context length such as 8192)")
-    if seq_len * global_batch > MAX_TOKENS_PER_STEP:
-        key = "global_batch_tokens" if wl.has("global_batch_tokens") else "global_batch"
-        raise wl.err(key, f"{seq_len * global_batch:.3g} tokens per step (seq_len x global_batch) is past "
-                     f"the {MAX_TOKENS_PER_STEP:.0e} any run could need (expected a batch such as 2048 "
-                     "sequences or 16M tokens)")
+    check_tokens_per_step(wl, seq_len, global_batch)
     train_tokens = wl.quantity("train_tokens", parse_count, None, expected="a token count like 15T")
     attention_kernel = wl.choice("attention_kernel", ATTENTION_KERNELS, "flash")
     fp8_attention = wl.boolean("fp8_attention", False)

@@ -25,7 +25,7 @@ from .cache import ResultCache, context_key, default_cache_dir, plan_text
 from .evaluate import Evaluator
 from .executors import run_groups
 from .rank import EXPLICIT, PriceBook, Ranked, goal_order, pareto_frontier, priced, winners_by_instance
-from .space import SearchSpace, candidates, default_space, parse_nodes, plan_dict
+from .space import AXES, SearchSpace, candidates, default_space, parse_nodes, plan_dict
 
 #: refuse a search space larger than this (memory and time stay bounded; narrow the axes instead)
 MAX_PLANS = 5_000_000
@@ -99,15 +99,23 @@ def _base(sc):
     return dataclasses.replace(sc, measured={}, measured_source="", measured_notes={}, expect={})
 
 
+#: the plan key's layout axes (tp .. micro_batch) and modes (recompute, offloading): what a group shares
+_LAYOUT, _MODES = slice(AXES.index("tp"), AXES.index("zero")), slice(AXES.index("recompute"),
+                                                                     AXES.index("global_batch"))
+assert AXES[_LAYOUT] == ("tp", "pp", "vpp", "cp", "ep", "micro_batch")
+assert AXES[_MODES] == ("recompute", "offload_activations")
+
+
 def _by_shared_work(keys: Sequence) -> list[list]:
     """``keys`` in groups of the plans that share work, in order of first appearance: the same layout (tp,
-    pp, vpp, cp, ep, micro-batch, recompute, offloading) on every instance type, node count and ZeRO stage.
-    Plans on one instance share their stage costs and all of them their activation memory (the estimate's
-    caches live in each process), so a worker that gets a group whole costs each piece once instead of
-    every worker costing every layout again. The records are put back in plan order after."""
+    pp, vpp, cp, ep, micro-batch, recompute, offloading) on every instance type, node count, ZeRO stage and
+    global batch (a micro-batch's work is the same whatever the batch; only the micro-batches per step
+    change). Plans on one instance share their stage costs and all of them their activation memory (the
+    estimate's caches live in each process), so a worker that gets a group whole costs each piece once
+    instead of every worker costing every layout again. The records are put back in plan order after."""
     groups: dict[tuple, list] = {}
     for k in keys:
-        groups.setdefault((*k[2:8], *k[9:]), []).append(k)
+        groups.setdefault((*k[_LAYOUT], *k[_MODES]), []).append(k)
     return list(groups.values())
 
 
@@ -140,6 +148,10 @@ def search_training(sc, *, instances: Sequence[str] | None = None, nodes: Sequen
     """Search training plans of ``sc`` (see the module docstring and docs/search.md).
 
     ``nodes``: node counts, or their ``--nodes`` text (``"8..1024"``, ``"8,12,16"``).
+    ``axes``: values of the plan axes (:data:`fmsim.search.AXES` past instance and nodes), e.g.
+    ``{"tp": (4, 8), "global_batch": (1024, 2048)}``; ``global_batch`` (sequences per step; default the
+    scenario's) may be its ``--global-batch`` text. The batch's effect on convergence is not modelled:
+    every batch trains the same ``train_tokens`` (docs/search.md).
     ``cache_dir``: a directory, ``None`` for the default user cache, or ``False`` for none.
     ``progress(done, total)`` is called as chunks complete (and once for the cached records).
     """

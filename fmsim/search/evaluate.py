@@ -55,6 +55,7 @@ class Evaluator:
         if isinstance(cluster, Exception):
             raise cluster.with_traceback(None)
         return self._variants.derive(cluster=cluster, micro_batch=p["micro_batch"],
+                                     global_batch=p["global_batch"],
                                      tp=p["tp"], pp=p["pp"], vpp=p["vpp"], cp=p["cp"], ep=p["ep"],
                                      zero=p["zero"],
                                      recompute=p["recompute"], offload_activations=p["offload_activations"],

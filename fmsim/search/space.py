@@ -2,15 +2,21 @@
 
 Owns :class:`SearchSpace` (the values tried on each axis, the instances, node counts and pricing
 options) and :func:`candidates`, the deterministic, lazily generated product of the axes in a fixed
-order (instance, nodes, tp, pp, vpp, cp, ep, micro-batch, ZeRO, recompute, offload). Only pairings
+order (instance, nodes, tp, pp, vpp, cp, ep, micro-batch, ZeRO, recompute, offload, global batch). Only pairings
 that are refused by construction whatever the model are skipped here (``vpp > 1`` with ``pp == 1``,
 ``ep > 1`` on a dense model, offloading with pipeline stages or recompute: the scenario reader's own
 rules, so skipping them changes no answer); every other rule is the reader's, applied in
 :mod:`fmsim.search.prune`. Pricing is not an axis of the plan: it changes no step time, so each
 costed plan is priced under every option afterwards.
+
+The global batch (sequences per optimizer step) is an axis of the plan, last in its key, the scenario's
+value alone unless told otherwise: a plan's time to train is ``train_tokens`` over its tokens per second
+whatever its batch (a larger batch is fewer, longer steps), and the search models no effect of the batch
+on convergence (the critical batch size: past it, more tokens are needed to reach the same loss).
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +24,7 @@ from ..errors import ConfigError
 
 #: the plan axes, in key order (a plan key is one value per axis)
 AXES = ("instance", "nodes", "tp", "pp", "vpp", "cp", "ep", "micro_batch", "zero", "recompute",
-        "offload_activations")
+        "offload_activations", "global_batch")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +43,7 @@ class SearchSpace:
     zero: tuple[int, ...] = (1, 3)
     recompute: tuple[str, ...] = ("none", "selective", "full")
     offload_activations: tuple[int, ...] = (0,)
+    global_batch: tuple[int, ...] = ()      # sequences per step; default_space: the scenario's alone
 
     def axis(self, name: str) -> tuple:
         return getattr(self, name)
@@ -58,7 +65,8 @@ def default_space(sc, *, instances: Sequence[str] | None = None, nodes: Sequence
     accelerators of one node (tensor parallelism stays inside the scale-up domain, as every mainstream
     recipe keeps it); pp 1..16; vpp 1-2; cp 1 (1, 2, 4 from 16K-token sequences); ep over powers of two
     dividing the experts up to 64 (MoE only); micro-batch 1-2; ZeRO 1 (distributed optimizer) and 3
-    (FSDP); every recompute mode; no offloading. ``axes`` replace any of them.
+    (FSDP); every recompute mode; no offloading; the scenario's global batch. ``axes`` replace any of
+    them; ``global_batch`` may also be its ``--global-batch`` text (``"1024,2048"``).
     """
     cl = sc.cluster
     wl = sc.workload
@@ -71,6 +79,7 @@ def default_space(sc, *, instances: Sequence[str] | None = None, nodes: Sequence
         "tp": tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= per_node and t <= model.heads),
         "pp": tuple(p for p in (1, 2, 4, 8, 16) if p <= model.layers),
         "cp": (1, 2, 4) if wl.seq_len >= 16384 else (1,),
+        "global_batch": (wl.global_batch,),
     }
     if model.moe is not None:
         space["ep"] = tuple(e for e in (1, 2, 4, 8, 16, 32, 64) if model.moe.experts % e == 0)
@@ -79,9 +88,12 @@ def default_space(sc, *, instances: Sequence[str] | None = None, nodes: Sequence
             continue
         if name not in AXES or name in ("instance", "nodes"):
             raise ConfigError(f"unknown search axis {name!r} (expected one of {', '.join(AXES[2:])})")
+        option = f"--{name.replace('_', '-')}"
+        if name == "global_batch":
+            values = global_batches(values)
         values = tuple(values)
         if not values:
-            raise ConfigError(f"--{name.replace('_', '-')}: no values (expected a comma-separated list)")
+            raise ConfigError(f"{option}: no values (expected a comma-separated list)")
         space[name] = values
     return SearchSpace(**space)
 
@@ -110,7 +122,9 @@ def candidates(space: SearchSpace, *, moe: bool) -> Iterator[tuple]:
                                             for off in space.offload_activations:
                                                 if _ruled_out(moe, pp, vpp, ep, rc, off):
                                                     continue
-                                                yield (inst, nodes, tp, pp, vpp, cp, ep, mb, zero, rc, off)
+                                                for gb in space.global_batch:
+                                                    yield (inst, nodes, tp, pp, vpp, cp, ep, mb, zero, rc,
+                                                           off, gb)
 
 
 def plan_dict(key: tuple) -> dict:
@@ -139,6 +153,20 @@ def parse_nodes(text: str) -> tuple[int, ...]:
     except ValueError:
         raise ConfigError(f"--nodes: {text!r} is not valid (expected LO..HI, doubling from LO, e.g. 8..1024, "
                           "or a list such as 8,16,32 of positive integers)") from None
+
+
+def global_batches(values: str | Sequence) -> tuple[int, ...]:
+    """The ``global_batch`` axis: its ``--global-batch`` text (``"1024,2048,4096"``) or values, each a
+    positive integer (sequences per step), in the order given, repeats dropped."""
+    if isinstance(values, str):
+        return parse_ints("--global-batch", values)
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            raise ConfigError(f"--global-batch: {v!r} is not valid (expected positive integers: sequences per "
+                              "step, e.g. 1024,2048,4096)")
+        out.append(int(v))
+    return tuple(dict.fromkeys(out))
 
 
 def parse_ints(option: str, text: str, *, minimum: int = 1) -> tuple[int, ...]:
