@@ -188,7 +188,7 @@ HOSTILE_TEXT = [
      r"\(refused before parsing\)"),
     ("non-mapping file", "- accelerators\n- instances\n",
      rf"{HW}: got a list \(expected a mapping of sections: accelerators, fabrics, links, instances, prices, "
-     r"storage, ultracluster, failure_rates, nccl_protocols, nccl_p2p, fabric_protocols, deepep\)"),
+     r"storage, ultracluster, failure_rates, nccl_protocols, nccl_p2p, fabric_protocols, deepep, hybridep\)"),
     ("not YAML", "accelerators: {chip: [\n",
      rf"{HW}: line \d+, column \d+: invalid YAML: .*"),
     ("not UTF-8", "accelerators: {}\n# \xff\n",

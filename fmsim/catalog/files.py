@@ -18,7 +18,8 @@ from ..yaml_safe import read_yaml_file
 #: the top-level sections each catalog folder may hold (a file holds any of its folder's sections)
 FOLDER_SECTIONS: Mapping[str, tuple[str, ...]] = {
     "hardware_catalog": ("accelerators", "fabrics", "links", "instances", "prices", "storage", "ultracluster",
-                         "failure_rates", "nccl_protocols", "nccl_p2p", "fabric_protocols", "deepep"),
+                         "failure_rates", "nccl_protocols", "nccl_p2p", "fabric_protocols", "deepep",
+                         "hybridep"),
     "model_catalog": ("models",),
     "stack_catalog": ("stacks",),
 }

@@ -37,11 +37,12 @@ from dataclasses import dataclass
 
 from ..catalog import Instance, suggest
 from ..errors import ConfigError
-from .dispatch import deepep_instance, nccl_transport, p2p_latency_s, p2p_protocol, protocol_fraction
+from .dispatch import (deepep_instance, hybridep_instance, nccl_transport, p2p_latency_s, p2p_protocol,
+                       protocol_fraction)
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send-recv")
 #: who moves an all-to-all's data: NCCL's grouped send/recv, or DeepEP's normal kernels (all_to_all_time)
-A2A_KERNELS = ("nccl", "deepep")
+A2A_KERNELS = ("nccl", "deepep", "hybridep")
 
 # busbw = algbw × factor(n): nccl-tests doc/PERFORMANCE.md ("Bus bandwidth" section)
 _BUS_FACTOR: dict[str, Callable[[int], float]] = {
@@ -641,7 +642,8 @@ def all_to_all_time(size_bytes: float, instance: Instance, shape: GroupShape, *,
 
     ``skew = 1`` is the uniform all-to-all of :func:`collective_time`; ``skew = max/mean`` tokens
     per expert rank models uneven routing (the step waits for the hottest rank). ``kernel``: ``nccl``
-    (grouped send/recv with NCCL's protocols) or ``deepep`` (DeepEP's normal kernels, algorithm direct).
+    (grouped send/recv with NCCL's protocols), ``deepep`` (DeepEP's normal kernels, algorithm direct) or
+    ``hybridep`` (HybridEP inside one NVLink domain, algorithm direct; the caller counts its bytes).
     """
     if not skew >= 1.0:
         raise ConfigError(f"skew is max/mean load and must be >= 1, got {skew!r}", field="skew")
@@ -651,6 +653,11 @@ def all_to_all_time(size_bytes: float, instance: Instance, shape: GroupShape, *,
         # DeepEP's normal kernels: its own send path, at the NVLink and RDMA fractions of line rate its README
         # measures at this EP size (fmsim.hardware.dispatch.deepep_normal_fractions)
         return _collective("all-to-all", size_bytes, deepep_instance(instance, shape.size), shape, "direct",
+                           nodes, float(skew), kernel)
+    if kernel == "hybridep":
+        # HybridEP: its own NVLink path, at the fraction of line rate its GB200 table gives at this EP size
+        # (fmsim.hardware.dispatch.hybridep_fraction); the scale-out efficiency is left as it is (not priced there)
+        return _collective("all-to-all", size_bytes, hybridep_instance(instance, shape.size), shape, "direct",
                            nodes, float(skew), kernel)
     return _collective("all-to-all", size_bytes, instance, shape, algo, nodes, float(skew))
 

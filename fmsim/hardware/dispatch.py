@@ -25,7 +25,13 @@ top-8, FP8 dispatch and BF16 combine; fmsim scales them by the bytes moved (the 
 ``fmsim.model.deepep``): a bandwidth holds at other sizes, the low-latency kernels' time is the table's bandwidth
 over the bytes of one call, never below one hop of the farthest link (:func:`deepep_low_latency_s`). DeepEP is not
 NCCL: neither family pays NCCL's send/recv protocol latencies or per-peer posts. Figures and sources:
-``hardware_catalog/dispatch.yaml``. Serving reaches them only through :func:`fmsim.model.deepep.layer_time_fn`
+``hardware_catalog/dispatch.yaml``.
+
+HybridEP (DeepEP's hybrid-ep branch, NVIDIA's backend of Megatron-Core's flex dispatcher on GB200/GB300 NVL72): one
+dispatch sends each token once to every rank holding one of its experts and one combine returns as many; its GB200
+table gives the Torch-API bandwidth per EP size (8-36 ranks of one NVL72 domain) at 32 SMs, the bytes a rank
+receives over the call's time (:func:`hybridep_fraction`, training's ``ep_dispatch: hybridep`` through
+``all_to_all_time(kernel="hybridep")``). Serving reaches them only through :func:`fmsim.model.deepep.layer_time_fn`
 (``serving.deepep``), training's ``ep_dispatch: deepep`` through ``all_to_all_time(kernel="deepep")``, which
 serving's normal mode calls too.
 """
@@ -91,6 +97,20 @@ class DeepEP:
 
 
 @dataclass(frozen=True, slots=True)
+class HybridEP:
+    """HybridEP's GB200 table (GB/s as printed) and the setting it was measured at."""
+
+    nvlink: Mapping[int, tuple[float, float]]     # ep -> (dispatch BF16, combine) GB/s, Torch API
+    nvlink_line_gbps: float
+    tokens: int
+    hidden: int
+    top_k: int
+    local_experts: int
+    sms: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class DispatchCatalog:
     protocols: Mapping[str, Protocol]
     ll_threshold: float              # bytes per peer (one channel)
@@ -98,6 +118,7 @@ class DispatchCatalog:
     simple_post_factor: float
     fabrics: Mapping[str, FabricProtocols]
     deepep: DeepEP
+    hybridep: HybridEP
 
 
 def _ep_table(e: Any, key: str, width: int) -> dict[int, tuple[float, ...]]:
@@ -168,9 +189,18 @@ def _dispatch_catalog_at(root: str) -> DispatchCatalog:
         nvlink_line_gbps=nm.number("nvlink_line_gbps"), rdma_line_gbps=nm.number("rdma_line_gbps"),
         low_latency=_ep_table(ll, "table", 4), ll_tokens=ll.integer("tokens"), hidden=ll.integer("hidden"),
         top_k=ll.integer("top_k"), source=f"{nm.source()}; {ll.source()}")
+    hyb = dict(entries(hw, "hybridep", ("tokens", "hidden", "top_k", "local_experts", "sms", "nvlink_line_gbps",
+                                        "nvlink_gbps", "source"), "HybridEP table"))
+    if set(hyb) != {"normal"}:
+        raise ConfigError("must hold 'normal'", file="hardware_catalog/dispatch.yaml", field="hybridep")
+    hn = hyb["normal"]
+    hybridep = HybridEP(nvlink=_ep_table(hn, "nvlink_gbps", 2), nvlink_line_gbps=hn.number("nvlink_line_gbps"),
+                        tokens=hn.integer("tokens"), hidden=hn.integer("hidden"), top_k=hn.integer("top_k"),
+                        local_experts=hn.integer("local_experts"), sms=hn.integer("sms"), source=hn.source())
     return DispatchCatalog(protocols=protos, ll_threshold=d.number("ll_threshold"),
                            post_s=d.number("net_post_overhead_us", inclusive=True) * _US,
-                           simple_post_factor=d.number("simple_post_factor"), fabrics=fabrics, deepep=deepep)
+                           simple_post_factor=d.number("simple_post_factor"), fabrics=fabrics, deepep=deepep,
+                           hybridep=hybridep)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -266,6 +296,24 @@ def deepep_instance(instance: Instance, ep: int, cat: DispatchCatalog | None = N
                                fabric=dataclasses.replace(instance.fabric, efficiency=rdma))
 
 
+def hybridep_fraction(ep: int, cat: DispatchCatalog | None = None) -> float:
+    """Fraction of NVLink line rate HybridEP's dispatch and combine reach at EP size ``ep`` inside one NVLink
+    domain: the GB200 table's Torch-API bandwidths (interpolated in log2 EP, held at the ends: the table stops at
+    36 ranks) over GB200's 900 GB/s, dispatch and combine joined by their harmonic mean (one of each per MoE layer
+    and pass, moving the same bytes). The table's bytes are those a rank receives, one copy per token and
+    destination rank: the caller counts the same (``fmsim.model.ops.moe_mlp_forward``)."""
+    h = (cat or dispatch_catalog()).hybridep
+    a, b = _interp_log2(h.nvlink, ep, 0), _interp_log2(h.nvlink, ep, 1)
+    return min(1.0, 2.0 / (1.0 / a + 1.0 / b) / h.nvlink_line_gbps)
+
+
+def hybridep_instance(instance: Instance, ep: int, cat: DispatchCatalog | None = None) -> Instance:
+    """``instance`` with its scale-up efficiency replaced by HybridEP's fraction at EP size ``ep``
+    (:func:`hybridep_fraction`; the link's line rate stays the instance's own)."""
+    return dataclasses.replace(instance, scale_up=dataclasses.replace(instance.scale_up,
+                                                                      efficiency=hybridep_fraction(ep, cat)))
+
+
 def deepep_low_latency_s(op: str, size_bytes: float, ep: int, instance: Instance,
                          cat: DispatchCatalog | None = None) -> float:
     """One low-latency ``dispatch`` or ``combine`` call that sends ``size_bytes`` from each rank (the caller's byte
@@ -302,12 +350,15 @@ __all__ = [
     "DeepEP",
     "DispatchCatalog",
     "FabricProtocols",
+    "HybridEP",
     "Protocol",
     "deepep_instance",
     "deepep_low_latency_rates",
     "deepep_low_latency_s",
     "deepep_normal_fractions",
     "dispatch_catalog",
+    "hybridep_fraction",
+    "hybridep_instance",
     "nccl_transport",
     "p2p_latency_s",
     "p2p_protocol",

@@ -69,7 +69,9 @@ class Shard:
     cp_comm: str = "ring"            # ring (K/V passed around) | all-gather (gathered up front) | a2a (Ulysses)
     expert_tp: int = 1               # tensor-parallel width of each expert (Megatron ETP)
     ep_nodes: int = 1                # nodes (scale-up domains) one EP group spans
-    ep_dispatch: str = "alltoall"    # alltoall (NCCL send/recv, every token-expert copy) | deepep (per node, DeepEP rates)
+    #: alltoall (NCCL send/recv, every token-expert copy) | deepep (per node, DeepEP rates) | hybridep (per rank,
+    #: HybridEP's GB200 rates, inside one NVLink domain)
+    ep_dispatch: str = "alltoall"
     ep_overlap: bool = False         # dispatch/combine behind another micro-batch's compute
     moe_routing: str = "balanced"    # balanced | consecutive (a token's top-k are k consecutive experts)
     moe_load: float = 1.0            # the busiest EP rank's token-expert pairs over the balanced share
@@ -115,6 +117,8 @@ class CommRequest:
     #: moved by DeepEP's normal kernels at the NVLink and RDMA rates its README measures, rather than by
     #: NCCL's send/recv (fmsim.hardware.dispatch; all-to-all only)
     line_rate: bool = False
+    #: with ``line_rate``, whose kernels move it: deepep (DeepEP's normal kernels) | hybridep (HybridEP)
+    kernel: str = "deepep"
     #: issued asynchronously by the framework itself (the backward's TP collectives of a column-
     #: parallel layer): hidden behind ``overlappable_s`` without TP userbuffers, when the plan's
     #: ``overlap.tp_backward`` holds
@@ -842,7 +846,18 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
     if sh.ep > 1:
         a2a = min(mean_rows, rows) * h * rf.act_bytes            # bytes each rank sends (nccl-tests size)
         deepep = sh.ep_dispatch == "deepep"
-        if deepep and sh.ep_nodes > 1:
+        hybridep = sh.ep_dispatch == "hybridep"
+        if hybridep:
+            # HybridEP (the flex dispatcher's GB200/GB300 backend): a token goes once to every EP rank holding
+            # one of its top-k experts and is permuted to them there (fused_a2a.py hybrid_ep_dispatch, "permute +
+            # dispatch a2a + permute"); its table counts those received copies, the local one included
+            # (fmsim.hardware.dispatch.hybridep_fraction). Experts lie in order over the ranks, so a rank is a
+            # "node" of distinct_nodes with E/EP experts.
+            k = m.top_k
+            met = consecutive_nodes(sh.ep, k, m.experts) if sh.moe_routing == "consecutive" else \
+                distinct_nodes(sh.ep, k, m.router_groups, m.token_groups())
+            a2a *= met / k
+        elif deepep and sh.ep_nodes > 1:
             # hierarchical dispatch (DeepEP, Megatron-Core's flex dispatcher): a token crosses the
             # scale-out network once per distinct remote node among its top-k experts, then fans
             # out over NVLink: distinct_nodes(...)·(N-1)/N remote nodes, against k(N-1)/N copies
@@ -856,8 +871,8 @@ def moe_mlp_forward(model: ModelSpec, sh: Shard, rf: Roofline) -> PassCost:
         # compute of another micro-batch's MoE block; the block's own work bounds what it hides
         hide = c.compute_s if sh.ep_overlap else 0.0
         for _ in ("dispatch", "combine"):
-            c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep,
-                                       skew=max(1.0, sh.moe_load)))
+            c.comms.append(CommRequest("ep", "all-to-all", a2a, overlappable_s=hide, line_rate=deepep or hybridep,
+                                       skew=max(1.0, sh.moe_load), kernel="hybridep" if hybridep else "deepep"))
     _whole_block_part(c, "moe")
     return c
 
@@ -953,7 +968,7 @@ def backward_of(fwd: PassCost, *, frozen_weights: bool = False, rs_dgrad: bool =
                 continue                                 # nothing in its place (an all-reduce's identity)
             if not behind:
                 comms.append(CommRequest(r.axis, op, r.size_bytes * times, overlappable_s=hide,
-                                         line_rate=r.line_rate, skew=r.skew))
+                                         line_rate=r.line_rate, skew=r.skew, kernel=r.kernel))
                 continue
             kind, gemm_s = behind
             if frozen_weights and kind == "regather":

@@ -73,18 +73,20 @@ class CommCoster:
         self._line_rate, self._memo = _shared_costs(instance, nodes)
 
     def cost(self, op: str, size_bytes: float, shape: GroupShape, line_rate: bool = False,
-             skew: float = 1.0) -> float:
+             skew: float = 1.0, kernel: str = "deepep") -> float:
+        """Seconds of one collective; an all-to-all with ``line_rate`` runs on ``kernel`` (``deepep`` or
+        ``hybridep``, fmsim.hardware.dispatch), else on NCCL's send/recv."""
         if shape.size <= 1 or size_bytes <= 0:
             return 0.0
-        key = (op, size_bytes, shape, line_rate, skew)
+        key = (op, size_bytes, shape, line_rate, skew, kernel)
         hit = self._memo.get(key)      # one lookup: the shared memo may be emptied by another thread's plan
         if hit is None:
             inst = self._line_rate if line_rate else self.instance
             if op == "all-to-all" and line_rate:
-                # DeepEP's normal kernels, at the NVLink and RDMA rates its README gives for this EP size
+                # DeepEP's normal kernels (or HybridEP), at the rates their tables give for this EP size
                 # (fmsim.hardware.dispatch); NCCL's send/recv protocols otherwise
                 hit = all_to_all_time(size_bytes, self.instance, shape, skew=skew, nodes=self.nodes,
-                                      kernel="deepep")
+                                      kernel=kernel)
             elif op == "all-to-all" and skew != 1.0:
                 hit = all_to_all_time(size_bytes, inst, shape, skew=skew, nodes=self.nodes)
             else:
@@ -93,7 +95,7 @@ class CommCoster:
         return hit.time_s
 
     def request(self, req: CommRequest) -> float:
-        return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate, req.skew)
+        return self.cost(req.op, req.size_bytes, self.shapes[req.axis], req.line_rate, req.skew, req.kernel)
 
 
 #: group shapes shared across plans: (id(instance), nodes, dims, order, expert_tp) -> (instance, shapes)

@@ -184,6 +184,19 @@ CACHED = (stage_params_cached, exact_forward_flops_per_token, _fsdp_units_shared
           schedule_tasks, _stage_memories, _split_layers)
 
 
+def _check_hybridep(sc, inst: Instance, ep_shape) -> None:
+    """HybridEP is priced from its GB200 table, inside one NVLink domain: Megatron-Bridge applies it on GB200 /
+    GB300 NVL72 only (src/megatron/bridge/training/flex_dispatcher_backend.py @d19cb73c), and fmsim has no table
+    of its RDMA path."""
+    if inst.scale_up.kind != "nvl-domain":
+        raise ParallelismError(f"hybridep runs on NVL72-class NVLink domains (GB200/GB300); {inst.name} has a "
+                               f"{inst.scale_up.kind} scale-up", file=sc.file, field="parallelism.ep_dispatch")
+    if ep_shape.size > ep_shape.per_domain:
+        raise ParallelismError(f"hybridep is priced inside one NVLink domain; the EP group of {ep_shape.size} spans "
+                               f"{-(-ep_shape.size // max(1, ep_shape.per_domain))} domains of {inst.name}",
+                               file=sc.file, field="parallelism.ep_dispatch")
+
+
 def build_plan(sc) -> Plan:
     """Validate and derive everything a training simulation needs from a Scenario."""
     w, par, cl = sc.workload, sc.parallelism, sc.cluster
@@ -215,6 +228,8 @@ def build_plan(sc) -> Plan:
     etp = tp if ep == 1 else 1
     shapes = dict(_place_shared(inst, cl.nodes, (("tp", tp), ("cp", cp), ("ep", ep), ("pp", pp), ("dp", dp)),
                                 order, etp))
+    if par.ep_dispatch == "hybridep" and ep > 1:
+        _check_hybridep(sc, inst, shapes["ep"])
     layers = split_layers(model.layers, pp, vpp)
     # Megatron-LM's block method: the first recompute_layers layers of each virtual stage recompute
     recomputed = frozenset(i for chunk in layers for i in chunk[:par.recompute_layers]) \

@@ -30,7 +30,7 @@ DEFAULT_ORDER = ("tp", "cp", "ep", "dp", "pp")  # Megatron-Core RankGenerator de
 GRAD_REDUCE_PRECISIONS = ("fp32", "bf16", "fp16")
 PARAM_GATHER_PRECISIONS = ("bf16", "fp8")
 CP_COMMS = ("ring", "all-gather", "a2a")
-EP_DISPATCHES = ("alltoall", "deepep")
+EP_DISPATCHES = ("alltoall", "deepep", "hybridep")
 #: how a rank's expert GEMMs run (fmsim.model.kernels.grouped_gemm_efficiency): multi-stream, Transformer
 #: Engine's GroupedLinear (one cuBLAS GEMM per expert over 4 streams: Megatron-Core's TEGroupedMLP), or
 #: fused, one grouped kernel for every expert at the DeepGEMM-grade rate the model reproduces; cutlass-grouped
@@ -182,8 +182,10 @@ class Parallelism:
     # attention core)
     cp_comm: str = "ring"
     # MoE token dispatch: alltoall (NCCL all-to-all of every token-expert copy, Megatron-Core's
-    # alltoall dispatcher) or deepep (DeepEP / HybridEP through Megatron-Core's flex dispatcher: a
-    # token crosses the scale-out network once per destination node, at the NIC's line rate)
+    # alltoall dispatcher), deepep (DeepEP through Megatron-Core's flex dispatcher: a token crosses
+    # the scale-out network once per destination node, at DeepEP's rates) or hybridep (HybridEP, the
+    # flex dispatcher's GB200/GB300 backend: a token goes once to each destination rank of its NVLink
+    # domain, at HybridEP's GB200 rates)
     ep_dispatch: str = "alltoall"
     moe_grouped_gemm: str = "multi-stream"   # MOE_GROUPED_GEMMS
     moe_host_sync: str = "none"              # MOE_HOST_SYNCS
