@@ -176,3 +176,16 @@ def test_a_replaced_cost_model_keeps_the_imbalance():
     # two-batch overlap's prefill GEMMs run on the SMs DeepEP leaves (dataclasses.replace): the load goes with them
     cost = _cost(PREFILL, 1.5)
     assert dataclasses.replace(cost, compute_units=cost.compute_units - 20).moe_imbalance == 1.5
+
+
+def test_the_deepseek_ep_rows_list_the_sourced_imbalances_and_the_band_takes_them():
+    # inf-113..116: TensorRT-LLM tech blog 4 Table 1's EPLB imbalance at 288 slots (EP32, EP36), 1 the point
+    for name in ("inf-113", "inf-116"):
+        sc = fmsim.load_scenario(VAL / f"{name}.yaml")
+        assert sc.workload.moe_imbalance == 1.0
+        assert sc.configuration_unknown == {IMB: (1.0, 1.109, 1.115)}
+        b = band(sc)
+        key = IMB + UNKNOWN
+        assert key in b.varied and key not in b.refused
+        lo, hi = b.swings[key]
+        assert lo < b.point[b.headline] == hi, name
