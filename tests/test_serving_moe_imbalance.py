@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_the_step_never_speeds_up_as_the_busiest_rank_takes_more(path, work, tbo
         cost = _cost(path, load, **({} if tbo else {"serving.two_batch_overlap": False}))
         assert cost.two_batch_overlap is tbo
         times.append(cost.iteration_time(work))
-    assert all(b >= a for a, b in zip(times, times[1:])), times
+    assert all(b >= a for a, b in itertools.pairwise(times)), times
     assert times[LOADS.index(1.5)] > times[0] * 1.01        # both paths respond, by more than rounding
 
 
@@ -92,12 +93,12 @@ def test_the_busiest_rank_s_experts_run_at_their_larger_rows_not_a_flat_multiple
 
 
 def test_deepep_prices_the_busiest_rank_s_bytes_and_keeps_its_call_count():
-    kw = dict(tokens_per_rank=4096, hidden=7168, top_k=8, nodes=4, groups=8, group_topk=4)
+    kw = {"tokens_per_rank": 4096, "hidden": 7168, "top_k": 8, "nodes": 4, "groups": 8, "group_topk": 4}
     d0, c0 = exchange_sizes("normal", **kw)
     d1, c1 = exchange_sizes("normal", load=1.5, **kw)
     assert (d1, c1) == (pytest.approx(1.5 * d0), pytest.approx(1.5 * c0))
     inst = load_catalog().instance("dgx-h100")
-    ll = dict(hidden=7168, top_k=8, nodes=9, groups=8, group_topk=4)
+    ll = {"hidden": 7168, "top_k": 8, "nodes": 9, "groups": 8, "group_topk": 4}
     t0 = layer_times_fn("low_latency", inst, **ll)(256, 72)
     t1 = layer_times_fn("low_latency", inst, load=1.5, **ll)(256, 72)
     # two calls of 128 tokens either way; each call's bytes over the table's rates
