@@ -190,3 +190,22 @@ def test_the_deepseek_ep_rows_list_the_sourced_imbalances_and_the_band_takes_the
         assert key in b.varied and key not in b.refused
         lo, hi = b.swings[key]
         assert lo < b.point[b.headline] == hi, name
+
+
+def test_test_time_compute_samples_run_at_the_busiest_rank_s_pace_and_its_verifier_keeps_the_mean():
+    # kind inference with a test_time_compute section (best-of-4 and a dense verifier): the MoE engines take the
+    # stated load, the verifier (another model, ep 1) is built balanced
+    data = yaml.safe_load(TRTLLM.read_text())
+    data["traffic"]["requests"] = 64
+    data["test_time_compute"] = {"samples": 4, "strategy": "best-of-n",
+                                 "verifier": {"model": "llama3.1-8b", "precision": "fp8", "tp": 1, "replicas": 1,
+                                              "output_len": 1}}
+    data["cluster"]["nodes"] = 2
+    rates = []
+    for load in (1.0, 1.5):
+        sc = scenario_from_mapping(copy.deepcopy(data), overrides={IMB: load})
+        plan = plan_from_scenario(sc)
+        roles = {p.role: p.cost.moe_imbalance for p in plan.pools}
+        assert roles == {"verifier": 1.0, "serve": load}
+        rates.append(fmsim.estimate(sc).to_dict()["output_tokens_per_s"])
+    assert rates[1] < rates[0]
