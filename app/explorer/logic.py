@@ -393,8 +393,8 @@ _HINTS_BY_FIELD = {
         "batch, or the node count (which sets dp)."
     ),
     "workload.moe_imbalance": (
-        "MoE load settings apply to MoE models trained with ep > 1: set the imbalance back to 1, or pick an "
-        "MoE model and an expert-parallel width."
+        "MoE load settings apply to MoE models with ep > 1 (trained, or served with attention DP): set the "
+        "imbalance back to 1, or pick an MoE model and an expert-parallel width."
     ),
     "workload.precision": (
         "Pick a precision the accelerator has (listed above) or an instance whose accelerator has it."

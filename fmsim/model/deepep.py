@@ -72,26 +72,32 @@ def copies_per_token(mode: str, *, top_k: int, nodes: int, groups: int = 1, grou
 
 
 def exchange_sizes(mode: str, *, tokens_per_rank: float, hidden: int, top_k: int, nodes: int, groups: int = 1,
-                   group_topk: int = 0, fp8_dispatch: bool = True) -> tuple[float, float]:
+                   group_topk: int = 0, fp8_dispatch: bool = True, load: float = 1.0) -> tuple[float, float]:
     """(dispatch, combine) bytes each rank sends in one MoE layer: the all-to-all sizes to price.
 
     ``fp8_dispatch``: DeepEP's FP8 dispatch (weights in fp8 or lower, whose experts take fp8 activations); else the
-    dispatch moves 16-bit activations like the combine."""
+    dispatch moves 16-bit activations like the combine. ``load``: the busiest expert-parallel rank's routed rows over
+    the mean (``workload.moe_imbalance``): that rank receives (dispatch) and sends back (combine) ``load`` times the
+    mean, and the exchange ends when it has -- so the sizes priced are its (the kernel tables are symmetric: a rank's
+    send and receive run at the same rates; its forwarded RDMA traffic is taken at the same load, not averaged over
+    its node's ranks)."""
     if tokens_per_rank <= 0:
         return 0.0, 0.0
     copies = copies_per_token(mode, top_k=top_k, nodes=nodes, groups=groups, group_topk=group_topk)
     rows = tokens_per_rank * copies * hidden
+    if load != 1.0:
+        rows *= load
     return rows * (FP8_DISPATCH_BYTES if fp8_dispatch else COMBINE_BYTES), rows * COMBINE_BYTES
 
 
 def layer_time_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: int, groups: int = 1,
                   group_topk: int = 0, fp8_dispatch: bool = True,
-                  max_tokens: int = LL_MAX_DISPATCH_TOKENS) -> Callable[[float, int], float]:
+                  max_tokens: int = LL_MAX_DISPATCH_TOKENS, load: float = 1.0) -> Callable[[float, int], float]:
     """``(tokens per rank, EP size) -> seconds`` of one MoE layer's DeepEP dispatch plus combine on ``instance``:
     :func:`exchange_sizes`'s bytes through DeepEP's measured kernels (module docstring). ``nodes``: the nodes the EP
     group spans (its members packed into as few as it fills)."""
     parts = layer_times_fn(mode, instance, hidden=hidden, top_k=top_k, nodes=nodes, groups=groups,
-                           group_topk=group_topk, fp8_dispatch=fp8_dispatch, max_tokens=max_tokens)
+                           group_topk=group_topk, fp8_dispatch=fp8_dispatch, max_tokens=max_tokens, load=load)
 
     def fn(tokens_per_rank: float, ep: int) -> float:
         return sum(parts(tokens_per_rank, ep))
@@ -101,9 +107,11 @@ def layer_time_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: i
 
 def layer_times_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: int, groups: int = 1,
                    group_topk: int = 0, fp8_dispatch: bool = True,
-                   max_tokens: int = LL_MAX_DISPATCH_TOKENS) -> Callable[[float, int], tuple[float, float]]:
+                   max_tokens: int = LL_MAX_DISPATCH_TOKENS,
+                   load: float = 1.0) -> Callable[[float, int], tuple[float, float]]:
     """:func:`layer_time_fn`'s two parts, ``(tokens per rank, EP size) -> (dispatch, combine)`` seconds: two-batch
-    overlap (fmsim.model.tbo) launches and waits for each on its own."""
+    overlap (fmsim.model.tbo) launches and waits for each on its own. ``load``: the busiest rank's bytes
+    (:func:`exchange_sizes`); a low-latency call count follows the tokens a rank sends, not what it receives."""
     from ..hardware.collectives import GroupShape, all_to_all_time
     from ..hardware.dispatch import deepep_low_latency_rates
 
@@ -132,7 +140,7 @@ def layer_times_fn(mode: str, instance: Any, *, hidden: int, top_k: int, nodes: 
             return 0.0, 0.0
         dispatch, combine = exchange_sizes(mode, tokens_per_rank=tokens_per_rank, hidden=hidden, top_k=top_k,
                                            nodes=nodes, groups=groups, group_topk=group_topk,
-                                           fp8_dispatch=fp8_dispatch)
+                                           fp8_dispatch=fp8_dispatch, load=load)
         if mode == "normal":
             return normal_s(dispatch, ep), normal_s(combine, ep)
         r = rates.get(ep)

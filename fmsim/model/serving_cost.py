@@ -560,6 +560,12 @@ class ServingCostModel:
     #: non-expert GEMM time and of it the shared experts', their fixed kernel seconds, the SMs DeepEP's normal
     #: kernels hold meanwhile, and the context a decode sequence has when its step is linearised (decode_coeffs)
     two_batch_overlap: bool = False
+    #: the busiest expert-parallel rank's routed rows over the mean (``workload.moe_imbalance``; 1: balanced): every
+    #: rank meets the others at the combine, so that rank's routed grouped GEMMs, the permutes and activation around
+    #: them (``routed_elementwise_bytes_per_token``) and its DeepEP / all-to-all receive (dispatch) and send (combine)
+    #: bytes set the MoE layers' pace; attention, the dense layers and the shared experts keep their own rows
+    moe_imbalance: float = 1.0
+    routed_elementwise_bytes_per_token: float = 0.0
     moe_layer_dense_share: float = 0.0
     moe_layer_shared_share: float = 0.0
     moe_layer_kernel_s: float = 0.0
@@ -572,10 +578,15 @@ class ServingCostModel:
     # -- pieces ---------------------------------------------------------------------------
     def _touched_fraction(self, tokens: float) -> float:
         # Expected share of E experts hit when each of T tokens picks k distinct experts uniformly:
-        # 1 - (1 - k/E)^T (balls-into-bins occupancy; uniform routing is the load-balanced limit).
+        # 1 - (1 - k/E)^T (balls-into-bins occupancy; uniform routing is the load-balanced limit). The busiest
+        # rank's experts each draw ``moe_imbalance`` times that chance (kernels.routed_grouped_gemm_efficiency's
+        # ``load``, the same draw its GEMMs are priced over).
         if self.num_experts == 0 or tokens <= 0:
             return 0.0
-        return 1.0 - (1.0 - self.top_k / self.num_experts) ** tokens
+        p = self.top_k / self.num_experts
+        if self.moe_imbalance != 1.0:
+            p = min(1.0, p * self.moe_imbalance)
+        return 1.0 - (1.0 - p) ** tokens
 
     def comm_time(self, tokens: float) -> float:
         """TP all-reduces, EP all-to-alls and pipeline hops of one iteration with ``tokens``."""
@@ -599,8 +610,11 @@ class ServingCostModel:
                     t += layers * (self.collective("all-gather", gathered, group)
                                    + self.collective("reduce-scatter", tokens * self.hidden * ACT_BYTES, group))
                 else:
-                    # dispatch / combine: every GPU sends its tokens' top-k hidden states
+                    # dispatch / combine: every GPU sends its tokens' top-k hidden states; the busiest rank receives
+                    # (dispatch) and sends back (combine) moe_imbalance times the mean, and every rank waits for it
                     size = tokens / self.engine_gpus * self.pp * self.top_k * self.hidden * ACT_BYTES
+                    if self.moe_imbalance != 1.0:
+                        size *= self.moe_imbalance
                     t += self.num_all_to_all * self.collective("all-to-all", size, group)
             if self.pp > 1:
                 # activations cross each stage boundary; every rank sends its shard to its peer
@@ -615,7 +629,8 @@ class ServingCostModel:
 
     def deepep_parts(self, tokens_per_rank: float) -> tuple[float, float]:
         """One MoE layer's DeepEP (dispatch, combine) seconds at ``tokens_per_rank``: its measured kernels
-        (fmsim.model.deepep.layer_times_fn), or its byte counts through a test's ``collective`` all-to-all."""
+        (fmsim.model.deepep.layer_times_fn), or its byte counts through a test's ``collective`` all-to-all; both with
+        the busiest rank's bytes (``moe_imbalance``, deepep.exchange_sizes's ``load``)."""
         group = self.engine_gpus // self.pp
         if self.deepep_layer is not None:
             return self.deepep_layer(tokens_per_rank, group)
@@ -623,7 +638,8 @@ class ServingCostModel:
             return 0.0, 0.0
         dispatch, combine = exchange_sizes(self.deepep, tokens_per_rank=tokens_per_rank, hidden=self.hidden,
                                            top_k=self.top_k, nodes=self.ep_nodes, groups=self.router_groups,
-                                           group_topk=self.router_group_topk, fp8_dispatch=self.deepep_fp8_dispatch)
+                                           group_topk=self.router_group_topk, fp8_dispatch=self.deepep_fp8_dispatch,
+                                           load=self.moe_imbalance)
         fn = self.collective
         return fn("all-to-all", dispatch, group), fn("all-to-all", combine, group)
 
@@ -644,7 +660,9 @@ class ServingCostModel:
         """Compute efficiency of the routed experts for a batch of ``tokens``: each GPU's experts run as
         one fused grouped GEMM (the serving engines' MoE kernels), each expert over the rows routing
         sends it -- ``Binomial(tokens, k / E)`` under uniform routing, cut into whole row tiles of its own,
-        an expert that draws none launching no tile (kernels.routed_grouped_gemm_efficiency)."""
+        an expert that draws none launching no tile (kernels.routed_grouped_gemm_efficiency). The busiest
+        expert-parallel rank's experts (``moe_imbalance``) draw ``Binomial(tokens, load k / E)``: its GEMMs at their
+        larger rows."""
         if not self.compute_units or not self.expert_gemm_shapes or not self.local_experts:
             return self.expert_gemm_eff
         t = max(1, math.ceil(tokens))
@@ -652,7 +670,7 @@ class ServingCostModel:
         if e is None:
             e = self.moe_op_fraction / sum(
                 share / routed_grouped_gemm_efficiency(t, self.top_k, self.num_experts, self.local_experts, n, k,
-                                                       self.compute_units, self.dense_k0)
+                                                       self.compute_units, self.dense_k0, load=self.moe_imbalance)
                 for share, k, n in self.expert_gemm_shapes)
             self._expert_eff_cache[t] = e
         return e
@@ -678,7 +696,12 @@ class ServingCostModel:
         elem = (self.elementwise_bytes_per_token * tokens + self.rank_elementwise_bytes_per_token * (lt - tokens)) / b
         experts = lm = 0.0
         if self.num_experts:
-            experts = max(self.expert_flop_per_token * tokens / (f * self.expert_efficiency(tokens)),
+            routed = self.expert_flop_per_token * tokens
+            if self.moe_imbalance != 1.0:
+                # the busiest rank's routed rows: its grouped GEMMs and the permutes and activation around them
+                routed *= self.moe_imbalance
+                elem += self.routed_elementwise_bytes_per_token * (self.moe_imbalance - 1.0) * tokens / b
+            experts = max(routed / (f * self.expert_efficiency(tokens)),
                           self.expert_weight_bytes * self._touched_fraction(tokens) / b)
         if ll > 0:
             lm_eff = (gemm_efficiency(math.ceil(ll / self.dp_groups), self.lm_n, self.hidden, self.compute_units,
@@ -882,7 +905,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
                      kernel_fixed_s: float | None = None, moe_comm: str = "all-to-all",
                      attention_precision: str | None = None, moe_impl: str = "generic",
                      deepep: str = "none", two_batch_overlap: bool = False,
-                     tbo_decode_context: float = 0.0) -> ServingCostModel:
+                     tbo_decode_context: float = 0.0, moe_imbalance: float = 1.0) -> ServingCostModel:
     """Derive a :class:`ServingCostModel` for one engine of ``model`` on ``instance``.
 
     Layout: without ``attention_dp`` an engine is ``tp`` GPUs sharding every layer (MoE experts
@@ -903,6 +926,11 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
 
     ``two_batch_overlap``: SGLang's two-batch overlap over the MoE layers (fmsim.model.tbo; needs ``deepep``);
     ``tbo_decode_context``: the context a decode sequence has where the overlapped step is linearised.
+
+    ``moe_imbalance``: the busiest expert-parallel rank's routed rows over the mean (>= 1; ``workload.moe_imbalance``),
+    for an engine whose experts spread over attention-DP ranks: that rank's routed expert GEMMs (at its larger rows,
+    kernels.routed_grouped_gemm_efficiency's ``load``), the permutes and activation around them, and its dispatch
+    receive and combine send bytes scale by it; attention, the dense layers and the shared experts do not.
 
     ``collective`` is ``"fabric"`` (the fabric model's ``collective_time``), a function
     ``(op, bytes, group) -> seconds``, or ``None`` (no communication cost; for tests).
@@ -926,6 +954,11 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
     moe = model.moe
     groups = ep if (attention_dp and moe is not None) else 1
     gpus = tp * groups
+    if not moe_imbalance >= 1.0:
+        raise ConfigError(f"moe_imbalance must be >= 1 (got {moe_imbalance!r}): the busiest rank's load over the mean")
+    if moe_imbalance != 1.0 and groups == 1:
+        raise ConfigError(f"moe_imbalance {moe_imbalance:g} needs an MoE model with its experts spread over attention-DP "
+                          "ranks (attention_dp, ep > 1): under plain TP every GPU holds a slice of every expert")
     if moe is not None and moe.experts % gpus and gpus % moe.experts:
         raise ParallelismError(f"{moe.experts} experts do not spread evenly over the engine's {gpus} GPUs")
     if precision not in BYTES_PER_ELEMENT:
@@ -989,6 +1022,10 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         elementwise += n_moe * (2 * pair_rows * model.hidden
                                 + (own + (1.0 if (groups > 1 and moe_comm == "allgather") else own)) * model.hidden
                                 ) * ACT_BYTES
+    # the part of it that follows one rank's routed rows (its share of the permute copies and of the experts'
+    # activation), which the busiest expert-parallel rank runs moe_imbalance times over
+    routed_elementwise = (n_moe * (2 * moe.top_k / gpus * model.hidden + act_mult * moe.top_k * moe.expert_ffn_hidden
+                                   / gpus) * ACT_BYTES if moe and groups > 1 else 0.0)
     cutlass = moe is not None and moe_impl == "cutlass"
     moe_quant = cutlass and precision in ("fp8", "fp4")
     if cutlass:
@@ -1117,8 +1154,9 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
         graph_batch_sizes=tuple(graph_batch_sizes), collective=coll,
         moe_comm=moe_comm if groups > 1 else "all-to-all",
         moe_gather_bytes=BYTES_PER_ELEMENT[precision] if precision in ("fp8", "fp4") else ACT_BYTES,
-        **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective),
+        **_deepep_fields(deepep, model, instance, gpus, groups > 1, precision, collective, moe_imbalance),
         two_batch_overlap=two_batch_overlap, tbo_decode_context=tbo_decode_context,
+        moe_imbalance=moe_imbalance, routed_elementwise_bytes_per_token=routed_elementwise,
         overlap_clock_ratio=acc.overlap_clock_ratio,
         moe_layer_dense_share=(n_moe * (p_attn * a_rate + p_shared + p_router) / dense_rate_params
                                if moe and dense_rate_params else 0.0),
@@ -1131,7 +1169,7 @@ def build_cost_model(model: Any, instance: Any, *, precision: str, kv_dtype: str
 
 
 def _deepep_fields(deepep: str, model: Any, instance: Any, gpus: int, attention_dp: bool, precision: str,
-                   collective: Any) -> dict[str, Any]:
+                   collective: Any, load: float = 1.0) -> dict[str, Any]:
     """The cost model's DeepEP fields (``deepep``): none without an attention-DP MoE engine, or without a
     communication cost (``collective`` None); on the fabric model, DeepEP's measured kernels
     (fmsim.model.deepep.layer_times_fn); under a test's function, its byte counts through that function."""
@@ -1140,7 +1178,7 @@ def _deepep_fields(deepep: str, model: Any, instance: Any, gpus: int, attention_
     nodes = max(1, math.ceil(gpus / instance.num_accelerators))
     groups, group_topk, fp8 = model.moe.router_groups or 1, model.moe.token_groups(), precision in ("fp8", "fp4")
     layer = layer_times_fn(deepep, instance, hidden=model.hidden, top_k=model.moe.top_k, nodes=nodes, groups=groups,
-                          group_topk=group_topk, fp8_dispatch=fp8) if collective == "fabric" else None
+                          group_topk=group_topk, fp8_dispatch=fp8, load=load) if collective == "fabric" else None
     return {"deepep": deepep, "ep_nodes": nodes, "deepep_layer": layer, "router_groups": groups,
             "router_group_topk": group_topk, "deepep_fp8_dispatch": fp8}
 

@@ -25,7 +25,9 @@ micro-batches' compute in the order the stages are issued, and waits at a ``*_b`
 has landed; the exchanges share the node's network and run one after another in launch order, each starting when
 its micro-batch's preceding compute is done. Each micro-batch's pieces are the serving cost model's own at half the
 batch (:func:`tbo_gpu_time`), so every GEMM runs at half the rows (lower efficiency, and the weights read twice) and
-DeepEP's exchange is priced at half the tokens a rank. In prefill SGLang also hands DeepGEMM only the SMs DeepEP's
+DeepEP's exchange is priced at half the tokens a rank -- the busiest expert-parallel rank's, where
+``workload.moe_imbalance`` says one carries more than the mean (its routed experts and its DeepEP bytes come from the
+same pieces, so both micro-batches run at that rank's pace). In prefill SGLang also hands DeepGEMM only the SMs DeepEP's
 normal kernels leave (``deep_gemm_num_sms = multi_processor_count - DeepEPConfig.num_sms``, ``Buffer.num_sms`` = 20
 by default, deepseek-ai/DeepEP ``deep_ep/buffer.py``): the GEMMs of the overlapped layers run on
 :data:`DEEPEP_NORMAL_SMS` fewer SMs. Decode reserves none (``deep_gemm_num_sms=None``; the low-latency kernels hold

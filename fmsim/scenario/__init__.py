@@ -281,6 +281,8 @@ def _unknowns(raw: Any, data: Mapping[str, Any], file: str, cat: Catalog) -> dic
     from ..api import check_sections
 
     base = {k: v for k, v in data.items() if k != "configuration"}
+    # the file's own sections first: an error of the file itself is its own, at its own field, not one value's
+    check_sections(scenario_from_mapping(base, file=file, catalog=cat))
     out: dict[str, tuple[Any, ...]] = {}
     for path, values in raw.items():
         if not isinstance(path, str) or not _PATH.match(path):

@@ -298,16 +298,26 @@ def _dropout(wl: _Section, key: str, kind: str) -> float:
     return p
 
 
+#: kinds whose MoE layers take a stated busiest-rank load (``moe_imbalance``): training, and serving (kind inference,
+#: test-time compute included: fmsim.model.serving_cost prices the busiest expert-parallel rank's routed rows and
+#: its DeepEP / all-to-all bytes); rl's rollout engines and trainer keep the balanced share
+IMBALANCE_KINDS = (*TRAINING_KINDS, "inference")
+
+
 def _moe_load(wl: _Section, model: Any, kind: str) -> tuple[float, float, bool]:
-    """``moe_imbalance``, ``moe_capacity_factor`` and ``moe_pad_to_capacity`` (training MoE models only)."""
+    """``moe_imbalance`` (training and serving MoE models), ``moe_capacity_factor`` and ``moe_pad_to_capacity``
+    (training MoE models only)."""
     keys = [k for k in ("moe_imbalance", "moe_capacity_factor", "moe_pad_to_capacity") if wl.has(k)]
     if not keys:
         return 1.0, 0.0, False
     if model.moe is None:
         raise wl.err(keys[0], f"given for {model.name}, which has no experts (expected an MoE model)")
-    if kind not in TRAINING_KINDS:
-        raise wl.err(keys[0], f"applies to training kinds only, not {kind!r} (the serving engines route as "
-                     "balanced)")
+    if kind not in IMBALANCE_KINDS:
+        raise wl.err(keys[0], f"applies to training and inference kinds only, not {kind!r} (rl's engines route "
+                     "as balanced)")
+    for key in ("moe_capacity_factor", "moe_pad_to_capacity"):
+        if kind not in TRAINING_KINDS and wl.has(key):
+            raise wl.err(key, f"applies to training kinds only, not {kind!r} (the serving engines run dropless)")
     imbalance = wl.quantity("moe_imbalance", float_number, 1.0, minimum=1.0, inclusive=True,
                             expected="the busiest expert-parallel rank's load over the mean, >= 1")
     capacity = wl.quantity("moe_capacity_factor", float_number, 0.0,

@@ -131,7 +131,7 @@ def _attention_precision(sv: Any, precision: str) -> str | None:
 def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype: str, tp: int, pp: int,
                ep: int, attention_dp: bool, replicas: int, spec: InferenceSpec, profile: EngineProfile,
                collective: Any, file: str | None, isl: float, osl: float, max_isl: float,
-               attention_precision: str | None = None) -> Pool:
+               attention_precision: str | None = None, moe_imbalance: float = 1.0) -> Pool:
     sv = spec.serving
     tbo = sv.two_batch_overlap and role != "verifier"
     if tbo and (model.moe is None or not attention_dp or ep <= 1):
@@ -146,7 +146,7 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
                                 moe_comm=profile.moe_comm, attention_precision=attention_precision,
                                 moe_impl=profile.moe_impl, deepep=sv.deepep if attention_dp else "none",
                                 two_batch_overlap=tbo,
-                                tbo_decode_context=isl + osl / 2.0)
+                                tbo_decode_context=isl + osl / 2.0, moe_imbalance=moe_imbalance)
     except ParallelismError as exc:     # the cost model knows no file: place it at the pool's own layout
         where = {"verifier": "test_time_compute.verifier.tp", "prefill": "serving.disaggregation.prefill_tp",
                  "decode": "serving.disaggregation.decode_tp"}.get(role)
@@ -205,9 +205,16 @@ def _make_pool(role: str, *, model: Any, instance: Any, precision: str, kv_dtype
 
 def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int, pp: int = 1, ep: int = 1,
                nodes: int, spec: InferenceSpec, seed: int = 0, pricing: Any = None, file: str | None = None,
-               collective: Any = "fabric") -> ServingPlan:
-    """Compile a serving scenario's pieces into a :class:`ServingPlan` (validates GPU budgets)."""
+               collective: Any = "fabric", moe_imbalance: float = 1.0) -> ServingPlan:
+    """Compile a serving scenario's pieces into a :class:`ServingPlan` (validates GPU budgets).
+
+    ``moe_imbalance`` (``workload.moe_imbalance``): the busiest expert-parallel rank's routed rows over the mean, for
+    the model's engines (not a verifier's); it needs the experts spread over attention-DP ranks."""
     sv = spec.serving
+    if moe_imbalance != 1.0 and not (sv.attention_dp and model.moe is not None and ep > 1):
+        raise ConfigError(f"{moe_imbalance:g} without experts spread over attention-DP ranks (expected "
+                          "serving.attention_dp: true with ep > 1: under plain TP every GPU holds a slice of every "
+                          "expert and carries the mean)", file=file, field="workload.moe_imbalance")
     profile = engine_profile(sv.engine)
     gpus = nodes * instance.num_accelerators
     kv_dtype = kv_dtype_for(precision, sv.kv_cache_dtype, profile)
@@ -234,7 +241,7 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
                            tp=dtp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=reps, spec=spec,
                            profile=profile, collective=collective, file=file, isl=isl,
                            osl=1 if role == "prefill" else osl, max_isl=max_isl,
-                           attention_precision=_attention_precision(sv, precision))
+                           attention_precision=_attention_precision(sv, precision), moe_imbalance=moe_imbalance)
             pools.append(p)
             used += p.gpus
         if used > gpus:
@@ -257,7 +264,8 @@ def build_plan(*, name: str, model: Any, instance: Any, precision: str, tp: int,
         pools.append(_make_pool("serve", model=model, instance=instance, precision=precision, kv_dtype=kv_dtype,
                                 tp=tp, pp=pp, ep=ep, attention_dp=sv.attention_dp, replicas=replicas,
                                 spec=spec, profile=profile, collective=collective, file=file, isl=isl, osl=osl,
-                                max_isl=max_isl, attention_precision=_attention_precision(sv, precision)))
+                                max_isl=max_isl, attention_precision=_attention_precision(sv, precision),
+                                moe_imbalance=moe_imbalance))
     price = price_of(instance.name, pricing)
     usd = price.usd_per_hour
     return ServingPlan(name=name, file=file, model=model, instance=instance, precision=precision, tp=tp, pp=pp,
@@ -273,7 +281,8 @@ def plan_from_scenario(sc: Any, *, collective: Any = "fabric") -> ServingPlan:
     par = sc.parallelism
     return build_plan(name=sc.name, model=sc.workload.model, instance=sc.cluster.instance,
                       precision=sc.workload.precision, tp=par.tp, pp=par.pp, ep=par.ep, nodes=sc.cluster.nodes,
-                      spec=spec, seed=sc.seed, pricing=sc.pricing, file=sc.file, collective=collective)
+                      spec=spec, seed=sc.seed, pricing=sc.pricing, file=sc.file, collective=collective,
+                      moe_imbalance=sc.workload.moe_imbalance)
 
 
 # ----------------------------------------------------------------------------------------------
