@@ -35,10 +35,13 @@ CASES = sorted((ROOT / "scenarios" / "validation" / "training").glob("*.yaml"))
 #: docs/catalogs.md) and the B200/GB200 fp8/fp4 figures read back through it: median 5.76 -> 5.96 %, and the tail
 #: outside the ZeRO-3 rows 25.2 -> 28.2 % (mb2511-gb200-04, bf16 MoE on GB200, +14.0 -> +28.2 %: its shallow expert
 #: GEMMs now run at the sweeps' depth); kept as the better-sourced figure, the guard at that plus a margin.
+#: 2026-12-02 (fifth session), mb2511-gb200-04/-05 dispatch through HybridEP as their preset sets it
+#: (parallelism.ep_dispatch: hybridep): -04 +28.2 -> +23.8 %, so the tail outside the ZeRO-3 rows is MEG24-10's 25.2 %
+#: again; the guard back to that plus a margin.
 GUARD_MEDIAN_PCT = 6.5
 GUARD_WORST_PCT = 88.0
 ZERO3_2021 = {f"meg21t2-{i:02d}" for i in range(7, 13)}
-GUARD_WORST_OTHERS_PCT = 29.5
+GUARD_WORST_OTHERS_PCT = 26.5
 
 
 @lru_cache(maxsize=1)
@@ -184,8 +187,11 @@ def test_the_out_of_sample_runs_stay_outside_the_set_and_still_run():
 #: back through it: median 4.09 -> 5.06 %, worst 14.05 -> 28.15 % (mb2511-gb200-04 +28.2 %, mb2511-b200-03 +7.2,
 #: nemo2502-b200-03 +8.2, mb2511-gb200-05 +4.4, nemo2504-gb200-03 +2.3 %): the better-sourced figures are kept, so
 #: issue 28's worst target (25 %) is no longer met by mb2511-gb200-04; the median target (10 %) still is.
+#: 2026-12-02 (fifth session), HybridEP's GB200 dispatch for the two rows whose preset runs it
+#: (parallelism.ep_dispatch: hybridep, DeepEP's Hybrid-EP table): worst 28.15 -> 23.81 % (mb2511-gb200-04), median
+#: 5.06 % unchanged: both targets met again, the worst guarded at the target.
 GUARD_MOE_MEDIAN_PCT = 5.5
-GUARD_MOE_WORST_PCT = 29.5
+GUARD_MOE_WORST_PCT = 25.0
 MOE_TARGET_MEDIAN_PCT = 10.0
 
 
