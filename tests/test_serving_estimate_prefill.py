@@ -4,7 +4,8 @@ The engine fills an iteration with prefill chunks up to ``max_batch_tokens``; th
 alone in its own iteration, ten times the engine's cost for an attention-DP expert-parallel prefill pool
 (inf-113: 27 against 297 requests/s). Now ``b / osl`` prompts (``lambda * t_step`` under a rate) share an
 iteration within its token budget, the busiest attention rank's work built by the engine's own rule
-(fmsim.engine.serving_des.busiest_rank), and the per-prompt price is that iteration over its prompts.
+(fmsim.engine.serving_des.busiest_rank), and the per-prompt price is that iteration over its prompts -- in an
+engine that mixes prefill and decode, the iteration's time over the decode step it rides in.
 """
 from __future__ import annotations
 
@@ -65,11 +66,11 @@ def test_the_full_model_never_prices_a_batched_prompt_far_above_a_lone_one():
 
 # (c) a dense single-node row: unchanged where one prompt enters per step, closer where several do
 def test_a_dense_single_node_row_stays_where_it_was():
-    assert _ratio("inf-066") == pytest.approx(1.0, abs=0.02)        # 0.995 before and after (one prompt a step)
+    assert _ratio("inf-066") == pytest.approx(1.0, abs=0.02)        # 0.995 before, 1.008 now (one prompt a step)
 
 
 def test_a_dense_row_whose_prompts_now_share_iterations_is_near_the_event_simulation():
-    assert _ratio("inf-085") == pytest.approx(1.0, abs=0.03)        # 0.64 before, 0.995 now (31 prompts a step)
+    assert _ratio("inf-085") == pytest.approx(1.0, abs=0.03)        # 0.64 before, 1.014 now (31 prompts a step)
 
 
 # (d) one prompt: the old solo price (without attention DP); with it, the prompt on one rank, as the engine runs it
@@ -113,3 +114,14 @@ def test_a_ttft_waits_for_the_batched_iteration():
     m = estimate_metrics(plan)
     solo = plan.pool("serve").cost.prefill_time(1024)
     assert m["ttft_p50_s"] > 100 * solo             # 511 prompts' iteration, then half the batch's prefills ahead
+
+
+def test_in_a_mixed_batch_a_prompt_costs_what_it_adds_to_the_decode_iteration():
+    cost = _cost("ttc-011")
+    g = cost.dp_groups
+    w = prefill_batch_work(cost, 2, 1024, decodes=3072, decode_ctx=3072 * 2048.0)
+    assert (w.tokens, w.logits, w.decode_seqs) == (2 * 1024 + 3072, 2 + 3072, 3072)
+    assert w.rank_tokens == 3072 + g * 1024         # the decodes spread evenly, one prompt on the busiest rank
+    alone = cost.iteration_time(IterationWork(tokens=3072, logits=3072, decode_seqs=3072, decode_ctx=3072 * 2048.0))
+    added = cost.iteration_time(w) - alone
+    assert 0 < added < prefill_batch_time(cost, 2, 1024)      # the decode step's fixed costs and weights are shared

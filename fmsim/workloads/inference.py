@@ -903,7 +903,8 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     so ``B = lambda * (n_out * t(B) + t_prefill)`` (Little's law) is solved by fixed point,
     capped by the sequence limit and the KV cache. Offline traffic runs at that cap. Prompts are
     prefilled in batches as the engine forms them (fmsim.workloads.serving_prefill): ``t_prefill``
-    is a batched iteration's time over its prompts, and a prompt's first token waits for its iteration.
+    is a batched iteration's time over its prompts (in a mixed batch: what they add to the decode
+    iteration they ride in), and a prompt's first token waits for its iteration.
     """
     spec = plan.spec
     pool = plan.pool("serve") or plan.pool("decode")
@@ -929,7 +930,7 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     per_prompt = spec.ttc.samples if share else 1      # samples one prompt's prefill serves
     spread = pool.engines / pf.engines                 # decoding engines feeding one prefilling engine
     ctx = cost.effective_context(isl + osl / 2.0)
-    batch_time: dict[int, float] = {}
+    batch_time: dict[tuple[int, int], tuple[float, float]] = {}
 
     def step(b: float) -> float:
         nb = max(1, round(b))
@@ -937,13 +938,19 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
         return c0 + c1 * nb * ctx
 
     def prefill(entering: float, b: float) -> tuple[float, float]:
-        """(seconds per sample, seconds of the iteration) of prefilling ``entering`` samples a decode step."""
+        """(seconds per sample, seconds of the iteration) of prefilling ``entering`` samples a decode step: the
+        iteration's time over its prompts, less the decode step's own where the decodes ride along (mixed batches)."""
         budget = pf.cfg.max_batch_tokens - (b if pf.cfg.mixed_batches and not pf_pool else 0.0)
         n = prompts_per_iteration(entering * spread / per_prompt, int(isl), cached, budget_tokens=budget,
                                   batch=max(1.0, b * spread / per_prompt))
-        if n not in batch_time:
-            batch_time[n] = prefill_batch_time(pf.cost, n, int(isl), cached)
-        return batch_time[n] / n / per_prompt, batch_time[n]
+        d = max(1, round(b)) if pf.cfg.mixed_batches and not pf_pool else 0
+        key = (n, d)
+        if key not in batch_time:
+            t = prefill_batch_time(pf.cost, n, int(isl), cached, decodes=d, decode_ctx=d * ctx)
+            t0 = pf.cost.iteration_time(IterationWork(tokens=d, logits=d, decode_seqs=d, decode_ctx=d * ctx))
+            batch_time[key] = (max(0.0, t - t0), t)
+        t_add, t = batch_time[key]
+        return t_add / n / per_prompt, t
 
     tr = spec.traffic
     if tr.arrival == "offline" or tr.arrival == "closed-loop":
