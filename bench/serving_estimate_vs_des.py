@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
 import time
@@ -39,9 +40,13 @@ def measure(path: Path) -> dict | None:
     if not e or not s:
         return None
     pools = sim.details.get("pools", [])
-    return {"name": path.stem, "gpus": sim.gpus, "nodes": sim.nodes,
-            "attention_dp": any(p.get("attention_dp") for p in pools), "moe": sc.workload.model.moe is not None,
-            "est": e, "sim": s, "ratio": e / s}
+    row = {"name": path.stem, "gpus": sim.gpus, "nodes": sim.nodes, "arrival": (sc.extra.get("traffic") or {}).get("arrival", ""),
+           "attention_dp": any(p.get("attention_dp") for p in pools), "moe": sc.workload.model.moe is not None,
+           "est": e, "sim": s, "ratio": e / s}
+    for k in ("ttft_p50_s", "tpot_p50_s"):      # the estimate's one latency against the simulation's median
+        a, b = est.metrics.get(k), sim.metrics.get(k)
+        row[k] = a / b if a and b and math.isfinite(a) and math.isfinite(b) else None
+    return row
 
 
 def main(argv=None) -> None:
@@ -66,6 +71,13 @@ def main(argv=None) -> None:
         worst = max(rat, key=lambda x: abs(x - 1))
         print(f"{g:14} {len(rs):4d} {statistics.median(rat) - 1:+8.2%} "
               f"{statistics.median(abs(x - 1) for x in rat):8.2%} {worst - 1:+8.2%}")
+    for k, keep in (("ttft_p50_s", lambda r: r["arrival"] != "offline"), ("tpot_p50_s", lambda r: True)):
+        rat = [r[k] for r in rows if r[k] is not None and keep(r)]
+        if rat:
+            worst = max(rat, key=lambda x: abs(x - 1))
+            print(f"{k:14} {len(rat):4d} {statistics.median(rat) - 1:+8.2%} "
+                  f"{statistics.median(abs(x - 1) for x in rat):8.2%} {worst - 1:+8.2%}"
+                  f"{'   (offline left out: its TTFT is the queue)' if k == 'ttft_p50_s' else ''}")
     for r in sorted(rows, key=lambda r: -abs(r["ratio"] - 1))[:12]:
         print(f"  {r['ratio'] - 1:+8.2%} {r['name']} ({r['gpus']} GPUs{', attention DP' if r['attention_dp'] else ''})"
               f" estimate {r['est']:,.1f} simulate {r['sim']:,.1f} output tokens/s")
