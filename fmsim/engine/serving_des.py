@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +164,27 @@ def _live_samples(job: Job) -> int:
     if job.n == 1:                   # the common case, without an array's worth of numpy calls
         return int(job.gen[0] < job.out[0])
     return int(np.count_nonzero(job.gen < job.out))
+
+
+def busiest_rank(cost: Any, chunks: Sequence[tuple[int, int, bool]], n: int) -> dict[str, float]:
+    """With data-parallel attention: the busiest rank's share of an iteration (IterationWork.rank_*).
+
+    ``chunks``: the iteration's prefill chunks as (new tokens, tokens already in KV, finishing); ``n``: its
+    decodes. New requests go to the ranks round-robin after sorting by their tokens (TensorRT-LLM's baseline
+    attention-DP scheduler, tech blog 10 "ADP Balance Strategy", NVIDIA/TensorRT-LLM@011cfc2c), so rank 0
+    takes the largest chunk of every round of ``ranks`` chunks; the decodes are spread evenly. Counts are
+    returned as engine equivalents (the rank's own times the ranks); ``{}`` without attention DP. Used by the
+    engine's iterations and by the analytical estimate's batched prefill (fmsim.workloads.inference)."""
+    g = cost.dp_groups
+    if g <= 1 or not chunks:
+        return {}
+    mine = sorted(chunks, key=lambda ch: -ch[0])[0::g]
+    tok = sum(c for c, _, _ in mine)
+    fin = sum(1 for _, _, f in mine if f)
+    pairs = sum(cost.prefill_pairs(c, past) for c, past, _ in mine)
+    reads = sum(kv_stream_tokens(c, past) for c, past, _ in mine)
+    return {"rank_tokens": n + g * tok, "rank_logits": n + g * fin, "rank_prefill_pairs": g * pairs,
+            "rank_prefill_kv_reads": g * reads}
 
 
 class ReplicaEngine:
@@ -412,23 +433,7 @@ class ReplicaEngine:
                 self._prefill_finished(job, now)
 
     def _busiest_rank(self, chunks: list[tuple[Job, int]], n: int) -> dict[str, float]:
-        """With data-parallel attention: the busiest rank's share of an iteration (IterationWork.rank_*).
-
-        New requests go to the ranks round-robin after sorting by their tokens (TensorRT-LLM's baseline
-        attention-DP scheduler, tech blog 10 "ADP Balance Strategy", NVIDIA/TensorRT-LLM@011cfc2c), so rank 0
-        takes the largest chunk of every round of ``ranks`` chunks; the decodes are spread evenly. Counts are
-        returned as engine equivalents (the rank's own times the ranks)."""
-        g = self.cost.dp_groups
-        if g <= 1 or not chunks:
-            return {}
-        cost = self.cost
-        mine = sorted(chunks, key=lambda jc: -jc[1])[0::g]
-        tok = sum(c for _, c in mine)
-        fin = sum(1 for j, c in mine if c == j.prefill_left)
-        pairs = sum(cost.prefill_pairs(c, j.prefill_past) for j, c in mine)
-        reads = sum(kv_stream_tokens(c, j.prefill_past) for j, c in mine)
-        return {"rank_tokens": n + g * tok, "rank_logits": n + g * fin, "rank_prefill_pairs": g * pairs,
-                "rank_prefill_kv_reads": g * reads}
+        return busiest_rank(self.cost, [(c, j.prefill_past, c == j.prefill_left) for j, c in chunks], n)
 
     def _decode_macro_step(self):
         env = self.env

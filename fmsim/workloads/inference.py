@@ -37,6 +37,7 @@ from ..model.serving_cost import (
 )
 from ..results import Result
 from .inference_spec import MAX_REQUESTS, REDRAW_ROUNDS, InferenceSpec, parse_inference_spec
+from .serving_prefill import prefill_batch_time, prompts_per_iteration
 
 PERCENTILES = (50, 90, 99)
 #: questions one run simulates at most: a serving run's figures are its steady state's, which a few
@@ -900,7 +901,10 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     Per engine, requests arrive at ``lambda`` (samples/s). A decode batch of ``B`` sequences steps
     in ``t(B)`` (at mean context) and every admitted prompt adds its prefill to the iterations,
     so ``B = lambda * (n_out * t(B) + t_prefill)`` (Little's law) is solved by fixed point,
-    capped by the sequence limit and the KV cache. Offline traffic runs at that cap.
+    capped by the sequence limit and the KV cache. Offline traffic runs at that cap. Prompts are
+    prefilled in batches as the engine forms them (fmsim.workloads.serving_prefill): ``t_prefill``
+    is a batched iteration's time over its prompts (in a mixed batch: what they add to the decode
+    iteration they ride in), and a prompt's first token waits for its iteration.
     """
     spec = plan.spec
     pool = plan.pool("serve") or plan.pool("decode")
@@ -921,25 +925,44 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
         b_kv = math.floor(b_kv)
     b_max = max(1.0, min(cfg.max_seqs, b_kv))
     pf_pool = plan.pool("prefill")
-    t_pf = (pf_pool or pool).cost.prefill_time(int(isl), spec.traffic.cached_prefix_len)
-    if share:
-        t_pf /= spec.ttc.samples
+    pf = pf_pool or pool
+    cached = spec.traffic.cached_prefix_len
+    per_prompt = spec.ttc.samples if share else 1      # samples one prompt's prefill serves
+    spread = pool.engines / pf.engines                 # decoding engines feeding one prefilling engine
     ctx = cost.effective_context(isl + osl / 2.0)
+    batch_time: dict[tuple[int, int], tuple[float, float]] = {}
 
     def step(b: float) -> float:
         nb = max(1, round(b))
         c0, c1 = cost.decode_coeffs(nb)
         return c0 + c1 * nb * ctx
 
+    def prefill(entering: float, b: float) -> tuple[float, float]:
+        """(seconds per sample, seconds of the iteration) of prefilling ``entering`` samples a decode step: the
+        iteration's time over its prompts, less the decode step's own where the decodes ride along (mixed batches)."""
+        budget = pf.cfg.max_batch_tokens - (b if pf.cfg.mixed_batches and not pf_pool else 0.0)
+        n = prompts_per_iteration(entering * spread / per_prompt, int(isl), cached, budget_tokens=budget,
+                                  batch=max(1.0, b * spread / per_prompt))
+        d = max(1, round(b)) if pf.cfg.mixed_batches and not pf_pool else 0
+        key = (n, d)
+        if key not in batch_time:
+            t = prefill_batch_time(pf.cost, n, int(isl), cached, decodes=d, decode_ctx=d * ctx)
+            t0 = pf.cost.iteration_time(IterationWork(tokens=d, logits=d, decode_seqs=d, decode_ctx=d * ctx))
+            batch_time[key] = (max(0.0, t - t0), t)
+        t_add, t = batch_time[key]
+        return t_add / n / per_prompt, t
+
     tr = spec.traffic
     if tr.arrival == "offline" or tr.arrival == "closed-loop":
-        b = b_max if tr.arrival == "offline" else min(b_max, tr.concurrency * n_samples / pool.engines)
+        # offline: every request queued at the start, so no engine runs more sequences than it is given
+        live = (tr.num_requests * spec.ttc.samples if tr.arrival == "offline" else tr.concurrency * n_samples)
+        b = min(b_max, live / pool.engines)
         lam = None
     else:
         lam = tr.rate_per_s * spec.ttc.samples / pool.engines
         b = 1.0
         for _ in range(200):
-            nb = lam * (osl * step(b) + (t_pf if not pf_pool else 0.0))
+            nb = lam * (osl * step(b) + (prefill(lam * step(b), b)[0] if not pf_pool else 0.0))
             if nb > b_max:
                 b = b_max
                 break
@@ -948,6 +971,10 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
                 break
             b = 0.5 * (b + nb)
     ts = step(b)
+    # samples entering a decode step: about as many as leave it (b / osl) when saturated, lambda * t(B) when not;
+    # an offline run whose requests all fit one batch admits them all at once (one wave: the budget's worth)
+    one_wave = tr.arrival == "offline" and tr.num_requests * spec.ttc.samples <= b_max * pool.engines
+    t_pf, t_pf_iter = prefill(b if one_wave else b / osl if lam is None else lam * ts, b)
     # per engine cycle: B sequences each need osl steps plus their prefill
     cycle = osl * ts + (b * t_pf if not pf_pool else 0.0)
     cap_rate = b / cycle                            # samples per second per engine at batch b
@@ -957,7 +984,7 @@ def estimate_metrics(plan: ServingPlan) -> dict[str, Any]:
     # prefills interleaved into the decode iterations stretch every step by 1 / (1 - prefill share)
     rho_pf = 0.0 if pf_pool else min(0.95, rate * t_pf)
     tpot = ts / (1.0 - rho_pf)
-    ttft = t_pf * (spec.ttc.samples if share else 1)
+    ttft = t_pf_iter                                   # a prompt's first token waits for its batched iteration
     if lam is not None and not overloaded:
         rho = min(0.99, lam * t_pf)
         ttft += ts / 2.0 + rho * t_pf / (2 * (1 - rho))   # wait for the iteration in flight (M/D/1-like)
